@@ -1,1 +1,166 @@
-//! placeholder
+//! policy-host: a Kubernetes operator that hands every domain decision to a sandboxed
+//! WebAssembly plugin.
+//!
+//! The host does the Kubernetes work and nothing domain-specific. For each loaded policy it
+//! runs one controller whose reconcile is three stages, in one direction:
+//!
+//! - [`observe`] — the parent custom resource, the children it controls and the time;
+//! - [`decide`] — the plugin, in its wasmtime sandbox, turns that into a decision;
+//! - [`act`] — the decision becomes server-side applies, deletes, status and Events.
+//!
+//! Plugins reach the outside only through [`app_call`]. Loading is a separate concern:
+//! [`policy_store`] holds what is loaded and swaps it atomically.
+
+pub mod act;
+pub mod admin;
+pub mod app_call;
+pub mod controller;
+pub mod decide;
+pub mod metrics;
+pub mod observe;
+pub mod policy_store;
+pub mod telemetry;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use kube::Client;
+
+use crate::admin::Readiness;
+use crate::controller::ControllerOptions;
+use crate::decide::{Limits, Sandbox};
+use crate::metrics::Metrics;
+use crate::policy_store::{LoadError, PolicyStore};
+
+/// Why the host could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A plugin could not be loaded at start.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The sandbox could not be built.
+    #[error(transparent)]
+    Sandbox(#[from] decide::DecideError),
+    /// The admin endpoint could not bind.
+    #[error("cannot serve the admin endpoint on {addr}: {source}; pick another --admin-addr")]
+    Admin {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Two plugins claim the same custom resource kind.
+    #[error("plugins `{first}` and `{second}` both reconcile {kind}; load only one of them")]
+    SameTarget {
+        /// First plugin.
+        first: String,
+        /// Second plugin.
+        second: String,
+        /// The contested kind.
+        kind: String,
+    },
+}
+
+/// How to run the host.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Plugin files to load at start.
+    pub policy_files: Vec<PathBuf>,
+    /// Limits every plugin runs under.
+    pub limits: Limits,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (`None`: not served).
+    pub admin_addr: Option<SocketAddr>,
+    /// Controller options.
+    pub controller: ControllerOptions,
+}
+
+/// A running host's handles, for embedding (tests, benchmarks).
+pub struct Running {
+    /// The loaded plugins.
+    pub store: PolicyStore,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// The bound admin address, if served.
+    pub admin_addr: Option<SocketAddr>,
+}
+
+/// Loads the policies and runs their controllers until `shutdown` resolves.
+///
+/// `on_started` is called once everything is loaded and every controller has started.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    on_started: impl FnOnce(&Running),
+) -> Result<(), HostError> {
+    let shutdown: Shared<BoxFuture<'static, ()>> = shutdown.boxed().shared();
+    let sandbox = Sandbox::new()?;
+    let store = PolicyStore::new();
+    for path in &settings.policy_files {
+        let policy = policy_store::load_file(&sandbox, path, settings.limits.clone()).await?;
+        tracing::info!(
+            plugin = policy.plugin.label(),
+            source = %policy.source,
+            sha256 = policy.plugin.content_sha256(),
+            target = %policy.plugin.info().target,
+            grants = ?policy.grants,
+            "plugin loaded"
+        );
+        if let Some(other) = store
+            .list()
+            .into_iter()
+            .find(|p| p.plugin.info().target == policy.plugin.info().target)
+        {
+            return Err(HostError::SameTarget {
+                first: other.plugin.label().to_string(),
+                second: policy.plugin.label().to_string(),
+                kind: policy.plugin.info().target.to_string(),
+            });
+        }
+        store.insert(policy);
+    }
+
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    let mut admin_addr = None;
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = settings.admin_addr {
+        let (bound, server) = admin::serve(addr, metrics.clone(), readiness.clone())
+            .await
+            .map_err(|source| HostError::Admin { addr, source })?;
+        admin_addr = Some(bound);
+        tracing::info!(%bound, "admin endpoint serving /healthz /readyz /metrics");
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                result = server => if let Err(error) = result {
+                    tracing::error!(%error, "admin endpoint failed");
+                },
+                () = stop => {}
+            }
+        });
+    }
+
+    for policy in store.list() {
+        let name = policy.name().to_string();
+        let (client, store, metrics) = (client.clone(), store.clone(), metrics.clone());
+        let options = settings.controller.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(error) = controller::run(client, store, name.clone(), metrics, options, stop).await {
+                tracing::error!(policy = %name, %error, "controller ended");
+            }
+        });
+    }
+    readiness.set_ready();
+    on_started(&Running {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        admin_addr,
+    });
+    shutdown.await;
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

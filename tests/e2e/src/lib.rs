@@ -1,1 +1,135 @@
-//! placeholder
+//! Fixtures shared by the end-to-end suites: a policy-host running in-process against the
+//! shared real control plane, scoped to one test namespace, plus CRD installation and small
+//! waiting helpers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use policy_host::decide::Limits;
+use policy_host::{Running, Settings};
+use policy_host_testenv::{TestEnv, wait_for};
+use tokio::sync::oneshot;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Server-side applies a CRD from a YAML file of the repository and waits until it is served.
+pub async fn install_crd(client: &Client, relative_path: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(repo_root().join(relative_path))?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+    install_crd_object(client, crd).await
+}
+
+/// Server-side applies a CRD object and waits until it is Established.
+pub async fn install_crd_object(
+    client: &Client,
+    crd: CustomResourceDefinition,
+) -> anyhow::Result<String> {
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(&name, &PatchParams::apply("policy-host-e2e").force(), &Patch::Apply(&crd))
+        .await?;
+    wait_for(&format!("CRD {name} established"), Duration::from_secs(60), || async {
+        let crd = crds.get_opt(&name).await.ok().flatten()?;
+        let established = crd
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established.then_some(())
+    })
+    .await?;
+    Ok(name)
+}
+
+/// A policy-host running in this process; stops when dropped.
+pub struct HostUnderTest {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    /// The running host's handles.
+    pub running: Running,
+}
+
+impl HostUnderTest {
+    /// Starts the host with the given plugin files, watching only `namespace`.
+    pub async fn start(
+        env: &TestEnv,
+        plugins: &[PathBuf],
+        namespace: &str,
+        limits: Limits,
+    ) -> anyhow::Result<Self> {
+        let client = env.client().await?;
+        let settings = Settings {
+            policy_files: plugins.to_vec(),
+            limits,
+            admin_addr: Some("127.0.0.1:0".parse()?),
+            controller: policy_host::controller::ControllerOptions {
+                concurrency: 4,
+                namespace: Some(namespace.to_string()),
+            },
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (started_tx, started_rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let mut started_tx = Some(started_tx);
+            let outcome = policy_host::run(client, settings, shutdown, |running| {
+                if let Some(tx) = started_tx.take() {
+                    let _ = tx.send(Running {
+                        store: running.store.clone(),
+                        metrics: running.metrics.clone(),
+                        admin_addr: running.admin_addr,
+                    });
+                }
+            })
+            .await;
+            if let Err(error) = outcome {
+                tracing::error!(%error, "policy-host under test ended with an error");
+            }
+        });
+        let running = tokio::time::timeout(Duration::from_secs(120), started_rx)
+            .await
+            .map_err(|_| anyhow::anyhow!("policy-host did not start within 120 s"))?
+            .map_err(|_| anyhow::anyhow!("policy-host stopped before it started; see the log above"))?;
+        Ok(Self {
+            stop: Some(stop),
+            task,
+            running,
+        })
+    }
+
+    /// Stops the host and waits for it to finish (like a process exit).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), &mut self.task).await;
+    }
+}
+
+impl Drop for HostUnderTest {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.abort();
+    }
+}
+
+/// Installs a tracing subscriber once for the test process (`RUST_LOG` controls it).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn,policy_host=debug".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}

@@ -1,1 +1,168 @@
-//! placeholder
+//! A test plugin that behaves well or badly on request, to prove the host contains each kind
+//! of misbehaviour within its limits. The parent's `spec.behaviour` picks what it does:
+//!
+//! - `ok` (default): applies a ConfigMap `<parent>-out` and sets `status.observedChildren`;
+//! - `loop`: spins forever (deadline);
+//! - `memory`: allocates until it is stopped (memory cap);
+//! - `output`: returns a decision of `spec.outputBytes` bytes (output cap);
+//! - `trap`: panics (a trap);
+//! - `refuse`: returns a policy error;
+//! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
+//! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status.
+
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+
+// The generated export glue is `unsafe` (raw canonical-ABI pointers); wit-bindgen owns its
+// soundness, and nothing else in this crate uses unsafe.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod plugin {
+    use serde_json::{Value, json};
+
+    wit_bindgen::generate!({ path: "../../../wit", world: "policy-plugin" });
+
+    use exports::policy_host::policy::policy::Guest;
+    use policy_host::policy::app_call;
+    use policy_host::policy::types::{
+        Action, Capability, Decision, Event, EventType, FinalizeDecision, KindRef, Observation,
+        PolicyError, PolicyInfo,
+    };
+
+    struct Misbehaving;
+
+    fn target() -> KindRef {
+        KindRef {
+            group: "test.policy-host.io".into(),
+            version: "v1".into(),
+            kind: "Probe".into(),
+            plural: "probes".into(),
+            namespaced: true,
+        }
+    }
+
+    fn config_maps() -> KindRef {
+        KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }
+    }
+
+    fn refuse(reason: &str, message: String) -> PolicyError {
+        PolicyError {
+            reason: reason.into(),
+            message,
+        }
+    }
+
+    impl Guest for Misbehaving {
+        fn describe() -> PolicyInfo {
+            PolicyInfo {
+                name: "misbehaving".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                target: target(),
+                children: vec![config_maps()],
+                capabilities: vec![Capability::AppCall("http".into())],
+                wants_finalizer: true,
+            }
+        }
+
+        fn reconcile(observation: Observation) -> Result<Decision, PolicyError> {
+            let parent: Value = serde_json::from_str(&observation.parent)
+                .map_err(|e| refuse("BadParent", format!("parent is not JSON: {e}")))?;
+            let name = parent["metadata"]["name"].as_str().unwrap_or("unnamed").to_string();
+            let behaviour = parent["spec"]["behaviour"].as_str().unwrap_or("ok");
+            match behaviour {
+                "loop" => {
+                    let mut n: u64 = 0;
+                    loop {
+                        n = n.wrapping_add(1);
+                        core::hint::black_box(n);
+                    }
+                }
+                "memory" => {
+                    let mut hoard: Vec<Vec<u8>> = Vec::new();
+                    loop {
+                        hoard.push(vec![1u8; 1 << 20]);
+                        core::hint::black_box(&hoard);
+                    }
+                }
+                "output" => {
+                    let size = parent["spec"]["outputBytes"].as_u64().unwrap_or(8 << 20) as usize;
+                    let status = json!({ "blob": "x".repeat(size) });
+                    Ok(Decision {
+                        actions: vec![Action::SetStatus(status.to_string())],
+                        requeue_after_ms: None,
+                    })
+                }
+                "trap" => panic!("deliberate trap for {name}"),
+                "refuse" => Err(refuse(
+                    "InvalidSpec",
+                    format!("{name}: behaviour `refuse` always refuses; change spec.behaviour"),
+                )),
+                "adopt" => Ok(Decision {
+                    actions: vec![Action::Apply(
+                        json!({
+                            "apiVersion": "v1", "kind": "Secret",
+                            "metadata": { "name": format!("{name}-stolen") },
+                        })
+                        .to_string(),
+                    )],
+                    requeue_after_ms: None,
+                }),
+                "call-stranger" => {
+                    let outcome = app_call::call(&app_call::Request {
+                        pod: "someone-elses-pod".into(),
+                        port: "http".into(),
+                        method: app_call::Method::Get,
+                        path: "/".into(),
+                        body: None,
+                    });
+                    let text = match outcome {
+                        Ok(response) => format!("answered {}", response.status),
+                        Err(app_call::CallError::Refused(why)) => format!("refused: {why}"),
+                        Err(app_call::CallError::Unreachable(why)) => format!("unreachable: {why}"),
+                        Err(app_call::CallError::Timeout) => "timeout".into(),
+                    };
+                    Ok(Decision {
+                        actions: vec![Action::SetStatus(json!({ "appCall": text }).to_string())],
+                        requeue_after_ms: None,
+                    })
+                }
+                _ => {
+                    let child = json!({
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": { "name": format!("{name}-out") },
+                        "data": { "behaviour": behaviour, "now": observation.now.seconds.to_string() },
+                    });
+                    let status = json!({ "observedChildren": observation.children.len() });
+                    Ok(Decision {
+                        actions: vec![
+                            Action::Apply(child.to_string()),
+                            Action::SetStatus(status.to_string()),
+                            Action::RecordEvent(Event {
+                                event_type: EventType::Normal,
+                                reason: "Reconciled".into(),
+                                message: format!("{name} reconciled"),
+                            }),
+                        ],
+                        requeue_after_ms: None,
+                    })
+                }
+            }
+        }
+
+        fn finalize(_observation: Observation) -> Result<FinalizeDecision, PolicyError> {
+            Ok(FinalizeDecision {
+                actions: Vec::new(),
+                done: true,
+                requeue_after_ms: None,
+            })
+        }
+    }
+
+    export!(Misbehaving);
+}

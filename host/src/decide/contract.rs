@@ -1,0 +1,53 @@
+//! The WIT contract (`wit/policy.wit`) as Rust types: generated bindings, shared by the
+//! observe, decide and act stages.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "policy-plugin",
+    imports: { default: async },
+    exports: { default: async },
+});
+
+pub use exports::policy_host::policy::policy::PolicyError;
+pub use policy_host::policy::app_call;
+pub use policy_host::policy::log::Level as LogLevel;
+pub use policy_host::policy::types::{
+    Action, Capability, Child, Decision, Event, EventType, FinalizeDecision, KindRef,
+    ObjectRef, Observation, PolicyInfo, Timestamp,
+};
+
+/// The contract version this host serves, from the WIT package.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+impl KindRef {
+    /// `group/version` as Kubernetes writes it in `apiVersion` (`v1` for the core group).
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// True when `api_version`/`kind` (as found in an object) name this kind.
+    pub fn matches(&self, api_version: &str, kind: &str) -> bool {
+        self.kind == kind && self.api_version() == api_version
+    }
+}
+
+impl std::fmt::Display for KindRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.plural, self.api_version())
+    }
+}
+
+impl Action {
+    /// Bytes of plugin-produced text in this action, for the output cap.
+    pub fn output_len(&self) -> usize {
+        match self {
+            Action::Apply(json) | Action::SetStatus(json) => json.len(),
+            Action::Delete(target) => target.name.len(),
+            Action::RecordEvent(event) => event.reason.len() + event.message.len(),
+        }
+    }
+}

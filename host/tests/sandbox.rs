@@ -1,0 +1,200 @@
+//! The sandbox against real compiled components: a well-behaved plugin decides, and each
+//! kind of misbehaviour (endless loop, memory bomb, huge output, trap, refusal, reaching for
+//! what it does not own) is contained within its limit while good decisions in the same
+//! process keep succeeding.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use policy_host::app_call::{AppCallScope, PodEndpoint};
+use policy_host::decide::contract::{Action, Observation, Timestamp};
+use policy_host::decide::{DecideError, Limits, Plugin, Sandbox};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_millis(500);
+
+async fn misbehaving(sandbox: &Sandbox) -> Plugin {
+    let path = policy_host_test_plugins::build("misbehaving-policy").expect("plugin builds");
+    let bytes = std::fs::read(&path).expect("plugin file readable");
+    sandbox
+        .load(
+            "misbehaving.wasm",
+            &bytes,
+            Limits {
+                deadline: DEADLINE,
+                memory_bytes: 32 << 20,
+                output_bytes: 1 << 20,
+            },
+        )
+        .await
+        .expect("plugin loads")
+}
+
+fn observation(behaviour: &str, extra: serde_json::Value) -> Observation {
+    let mut spec = json!({ "behaviour": behaviour });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    Observation {
+        parent: json!({
+            "apiVersion": "test.policy-host.io/v1",
+            "kind": "Probe",
+            "metadata": { "name": format!("probe-{behaviour}"), "namespace": "default", "uid": "u-1" },
+            "spec": spec,
+        })
+        .to_string(),
+        children: Vec::new(),
+        now: Timestamp { seconds: 1_700_000_000, nanoseconds: 0 },
+    }
+}
+
+async fn decide(plugin: &Plugin, behaviour: &str) -> Result<Vec<Action>, DecideError> {
+    plugin
+        .reconcile(&observation(behaviour, json!({})), AppCallScope::none(), "testing")
+        .await
+        .map(|d| d.actions)
+}
+
+async fn good_decision_still_works(plugin: &Plugin) {
+    let actions = decide(plugin, "ok").await.expect("a good reconcile succeeds");
+    assert_eq!(actions.len(), 3, "apply + status + event: {actions:?}");
+    match &actions[0] {
+        Action::Apply(object) => assert!(object.contains("probe-ok-out"), "{object}"),
+        other => panic!("expected an apply first, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn plugin_describes_itself_on_load() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    assert_eq!(plugin.label(), format!("misbehaving@{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(plugin.info().target.kind, "Probe");
+    assert_eq!(plugin.info().children.len(), 1);
+    assert!(plugin.info().wants_finalizer);
+    assert_eq!(plugin.content_sha256().len(), 64);
+}
+
+#[tokio::test]
+async fn endless_loop_is_stopped_at_the_deadline() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let started = Instant::now();
+    let error = decide(&plugin, "loop").await.expect_err("a loop cannot decide");
+    let took = started.elapsed();
+    assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
+    assert!(error.to_string().contains("deadline"), "{error}");
+    // Contained: stopped within a small multiple of its deadline, not left running.
+    assert!(took < DEADLINE * 4, "took {took:?}");
+    good_decision_still_works(&plugin).await;
+}
+
+#[tokio::test]
+async fn memory_bomb_hits_the_memory_cap() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let error = decide(&plugin, "memory").await.expect_err("a memory bomb cannot decide");
+    assert!(matches!(error, DecideError::Memory { limit_mib: 32, .. }), "{error}");
+    assert!(error.to_string().contains("32 MiB memory limit"), "{error}");
+    good_decision_still_works(&plugin).await;
+}
+
+#[tokio::test]
+async fn huge_output_is_refused() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let error = plugin
+        .reconcile(
+            &observation("output", json!({ "outputBytes": 4 << 20 })),
+            AppCallScope::none(),
+            "testing",
+        )
+        .await
+        .expect_err("4 MiB is over the 1 MiB output cap");
+    assert!(matches!(error, DecideError::Output { limit, .. } if limit == 1 << 20), "{error}");
+    // Under the cap, the same behaviour is fine.
+    let small = plugin
+        .reconcile(
+            &observation("output", json!({ "outputBytes": 1000 })),
+            AppCallScope::none(),
+            "testing",
+        )
+        .await
+        .expect("a small output is fine");
+    assert_eq!(small.actions.len(), 1);
+    good_decision_still_works(&plugin).await;
+}
+
+#[tokio::test]
+async fn trap_becomes_an_error_not_a_crash() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let error = decide(&plugin, "trap").await.expect_err("a panic cannot decide");
+    assert!(matches!(error, DecideError::Trap { .. }), "{error}");
+    assert_eq!(error.reason(), "PluginCrashed");
+    good_decision_still_works(&plugin).await;
+}
+
+#[tokio::test]
+async fn refusal_carries_the_plugins_reason() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let error = decide(&plugin, "refuse").await.expect_err("refuses");
+    assert_eq!(error.reason(), "InvalidSpec");
+    assert!(error.to_string().contains("change spec.behaviour"), "{error}");
+}
+
+#[tokio::test]
+async fn app_call_to_a_pod_it_does_not_own_is_refused() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let mut pods = HashMap::new();
+    pods.insert(
+        "own-0".to_string(),
+        PodEndpoint { ip: Some("127.0.0.1".into()), named_ports: HashMap::new() },
+    );
+    let scope = AppCallScope::new(
+        "default/probe".into(),
+        pods,
+        vec!["http".into()],
+        policy_host::app_call::http_client(),
+    );
+    let decision = plugin
+        .reconcile(&observation("call-stranger", json!({})), scope, "testing")
+        .await
+        .expect("decides");
+    match &decision.actions[0] {
+        Action::SetStatus(status) => {
+            assert!(status.contains("refused"), "{status}");
+            assert!(status.contains("not controlled"), "{status}");
+        }
+        other => panic!("expected status, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_a_component_are_refused_with_a_clear_error() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let error = sandbox
+        .load("garbage.wasm", b"definitely not wasm", Limits::default())
+        .await
+        .expect_err("garbage is not a plugin");
+    assert!(matches!(error, DecideError::Load { .. }), "{error}");
+    assert!(error.to_string().contains("garbage.wasm"), "{error}");
+    assert!(error.to_string().contains("wasm32-wasip2"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_plugin_does_not_hold_up_good_decisions() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let looping = {
+        let plugin = plugin.clone();
+        tokio::spawn(async move { decide(&plugin, "loop").await })
+    };
+    for _ in 0..20 {
+        good_decision_still_works(&plugin).await;
+    }
+    let error = looping.await.expect("task joins").expect_err("loop stopped");
+    assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
+}

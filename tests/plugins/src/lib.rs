@@ -1,0 +1,104 @@
+//! Builds plugin components for tests, so `cargo test` on a clean checkout needs no manual
+//! build step: each plugin crate is compiled to `wasm32-wasip2` once per test process.
+//!
+//! The build runs a nested `cargo build` with its own target directory (`target/plugins`):
+//! the outer `cargo test` may still hold the lock on the main one, and the plugin artifacts
+//! are wasm anyway, so nothing would be shared.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// The cargo profile plugins are built with (see the workspace `Cargo.toml`).
+pub const PROFILE: &str = "plugin";
+
+/// The target every plugin is built for.
+pub const TARGET: &str = "wasm32-wasip2";
+
+/// Why a plugin could not be built.
+#[derive(Debug)]
+pub struct BuildError(String);
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+/// Where plugin builds go.
+pub fn target_dir() -> PathBuf {
+    workspace_root().join("target/plugins")
+}
+
+/// Builds the plugin crate `package` (e.g. `guest-etcd`) and returns the component's path.
+/// Built once per process; later calls return the same path.
+pub fn build(package: &str) -> Result<PathBuf, BuildError> {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.get(package) {
+        return Ok(path.clone());
+    }
+    ensure_target()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .current_dir(workspace_root())
+        .args(["build", "--quiet", "--package", package, "--target", TARGET, "--profile", PROFILE])
+        .arg("--target-dir")
+        .arg(target_dir())
+        .status()
+        .map_err(|e| BuildError(format!("cannot run `{cargo} build` for plugin {package}: {e}")))?;
+    if !status.success() {
+        return Err(BuildError(format!(
+            "building plugin {package} for {TARGET} failed ({status}); the compiler output is above"
+        )));
+    }
+    let path = target_dir()
+        .join(TARGET)
+        .join(PROFILE)
+        .join(format!("{}.wasm", package.replace('-', "_")));
+    if !path.exists() {
+        return Err(BuildError(format!(
+            "building plugin {package} succeeded but {} is missing; is its crate-type cdylib?",
+            path.display()
+        )));
+    }
+    built.insert(package.to_string(), path.clone());
+    Ok(path)
+}
+
+/// Installs the wasm target through rustup when it is missing (a no-op when present).
+fn ensure_target() -> Result<(), BuildError> {
+    let listed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
+    match listed {
+        Ok(out) if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == TARGET) => Ok(()),
+        Ok(_) => {
+            let status = Command::new("rustup")
+                .args(["target", "add", TARGET])
+                .status()
+                .map_err(|e| BuildError(format!("cannot run rustup to add {TARGET}: {e}")))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(BuildError(format!(
+                    "`rustup target add {TARGET}` failed; install the target and retry"
+                )))
+            }
+        }
+        // No rustup: assume the toolchain has the target; cargo will say if not.
+        Err(_) => Ok(()),
+    }
+}
