@@ -1,0 +1,528 @@
+//! The children of an `EtcdCluster`: how they are named, built (as JSON for server-side
+//! apply) and read back from the observation.
+//!
+//! - Service `<cluster>` — headless, publishes not-ready addresses so members find each
+//!   other by DNS (`<pod>.<cluster>.<ns>.svc`) before they are Ready.
+//! - Service `<cluster>-client` — the address clients use, port 2379.
+//! - Pod `<cluster>-<n>` per member, whose etcd member name is the pod name.
+//! - PersistentVolumeClaim `data-<cluster>-<n>` per member, only with `spec.storage`.
+//! - PodDisruptionBudget `<cluster>`, keeping a quorum through voluntary disruptions.
+//!
+//! The host sets namespaces and owner references itself; nothing here sets them.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::protocol::{Child, KindRef};
+use crate::spec::ValidSpec;
+
+/// Label every child carries: `app.kubernetes.io/name: etcd`.
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+/// Label every child carries: `app.kubernetes.io/instance: <cluster>`.
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+/// Label every child carries: `app.kubernetes.io/managed-by: policy-host`.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Label of member pods and claims: `etcd.database.coreos.com/member: <pod>`.
+pub const LABEL_MEMBER: &str = "etcd.database.coreos.com/member";
+/// etcd's client port.
+pub const CLIENT_PORT: u16 = 2379;
+/// etcd's peer port.
+pub const PEER_PORT: u16 = 2380;
+/// Where the data volume is mounted; etcd's data dir is `data` below it.
+pub const DATA_MOUNT: &str = "/var/lib/etcd";
+
+/// Kind of member pods.
+pub fn pod_kind() -> KindRef {
+    KindRef::namespaced("", "v1", "Pod", "pods")
+}
+
+/// Kind of the two services.
+pub fn service_kind() -> KindRef {
+    KindRef::namespaced("", "v1", "Service", "services")
+}
+
+/// Kind of the per-member data claims.
+pub fn pvc_kind() -> KindRef {
+    KindRef::namespaced("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+}
+
+/// Kind of the disruption budget.
+pub fn pdb_kind() -> KindRef {
+    KindRef::namespaced(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+    )
+}
+
+/// Where a cluster lives: its name and namespace, from which every child name and DNS
+/// name derives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRef {
+    /// `metadata.name` of the EtcdCluster.
+    pub name: String,
+    /// `metadata.namespace` of the EtcdCluster.
+    pub namespace: String,
+}
+
+impl ClusterRef {
+    /// Name of the client Service.
+    pub fn client_service_name(&self) -> String {
+        format!("{}-client", self.name)
+    }
+
+    /// Name of the pod (and etcd member) with index `n`.
+    pub fn member_name(&self, n: usize) -> String {
+        format!("{}-{n}", self.name)
+    }
+
+    /// Index of a member pod from its name, if it is one of ours.
+    pub fn member_index(&self, pod: &str) -> Option<usize> {
+        let digits = pod.strip_prefix(&self.name)?.strip_prefix('-')?;
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        if canonical { digits.parse().ok() } else { None }
+    }
+
+    /// Name of the data claim of a member pod.
+    pub fn claim_name(&self, pod: &str) -> String {
+        format!("data-{pod}")
+    }
+
+    /// The member pod a data claim belongs to, if it is one of ours.
+    pub fn claim_member(&self, claim: &str) -> Option<String> {
+        let pod = claim.strip_prefix("data-")?;
+        self.member_index(pod).map(|_| pod.to_owned())
+    }
+
+    /// Stable DNS name of a member pod, through the headless service.
+    pub fn member_host(&self, pod: &str) -> String {
+        format!("{pod}.{}.{}.svc", self.name, self.namespace)
+    }
+
+    /// Peer URL of a member pod.
+    pub fn peer_url(&self, pod: &str) -> String {
+        format!("http://{}:{PEER_PORT}", self.member_host(pod))
+    }
+
+    /// Client URL of a member pod.
+    pub fn client_url(&self, pod: &str) -> String {
+        format!("http://{}:{CLIENT_PORT}", self.member_host(pod))
+    }
+
+    /// The pod a peer URL points at, if it is one of this cluster's member hosts.
+    pub fn pod_of_peer_url(&self, url: &str) -> Option<String> {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let host = rest.split(['/', ':']).next()?;
+        let pod = host.split('.').next()?;
+        (host == self.member_host(pod) && self.member_index(pod).is_some()).then(|| pod.to_owned())
+    }
+
+    fn labels(&self) -> Value {
+        json!({
+            LABEL_NAME: "etcd",
+            LABEL_INSTANCE: self.name,
+            LABEL_MANAGED_BY: "policy-host",
+        })
+    }
+
+    fn selector(&self) -> Value {
+        json!({ LABEL_NAME: "etcd", LABEL_INSTANCE: self.name })
+    }
+
+    fn member_labels(&self, pod: &str) -> Value {
+        let mut labels = self.labels();
+        labels[LABEL_MEMBER] = json!(pod);
+        labels
+    }
+}
+
+/// The headless Service `<cluster>` that gives members their DNS names.
+pub fn headless_service(cluster: &ClusterRef) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": cluster.name, "labels": cluster.labels()},
+        "spec": {
+            "clusterIP": "None",
+            // Members must resolve each other before they are Ready: a new member is not
+            // Ready until it has joined, and it joins through these names.
+            "publishNotReadyAddresses": true,
+            "selector": cluster.selector(),
+            "ports": [
+                {"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+                {"name": "peer", "port": PEER_PORT, "targetPort": "peer", "protocol": "TCP"},
+            ],
+        },
+    })
+}
+
+/// The client Service `<cluster>-client` (Ready members only), port 2379.
+pub fn client_service(cluster: &ClusterRef) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": cluster.client_service_name(), "labels": cluster.labels()},
+        "spec": {
+            "selector": cluster.selector(),
+            "ports": [
+                {"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+            ],
+        },
+    })
+}
+
+/// The PodDisruptionBudget `<cluster>`: voluntary evictions keep a quorum of `size`.
+pub fn pod_disruption_budget(cluster: &ClusterRef, size: usize) -> Value {
+    json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": cluster.name, "labels": cluster.labels()},
+        "spec": {
+            "minAvailable": quorum(size),
+            "selector": {"matchLabels": cluster.selector()},
+        },
+    })
+}
+
+/// Votes needed for a quorum among `voters` members.
+pub fn quorum(voters: usize) -> usize {
+    voters / 2 + 1
+}
+
+/// Whether a member pod starts a new cluster or joins an existing one
+/// (`--initial-cluster-state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterState {
+    /// The seed member of a new cluster.
+    New,
+    /// A member added to a running cluster with `member add`.
+    Existing,
+}
+
+/// A member pod to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberPod {
+    /// Pod name, also the etcd member name.
+    pub name: String,
+    /// `--initial-cluster`: `(member name, peer URL)` of every member, this one included.
+    pub initial_cluster: Vec<(String, String)>,
+    /// `--initial-cluster-state`.
+    pub state: ClusterState,
+}
+
+/// The member pod, as JSON for server-side apply.
+pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) -> Value {
+    let pod = &member.name;
+    let initial_cluster = member
+        .initial_cluster
+        .iter()
+        .map(|(name, url)| format!("{name}={url}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let state = match member.state {
+        ClusterState::New => "new",
+        ClusterState::Existing => "existing",
+    };
+    // Each pod listens on its own IP only, never 0.0.0.0: the pod IP comes from the
+    // downward API and kubelet expands `$(POD_IP)` in args.
+    let args = vec![
+        format!("--name={pod}"),
+        format!("--data-dir={DATA_MOUNT}/data"),
+        format!("--listen-peer-urls=http://$(POD_IP):{PEER_PORT}"),
+        format!("--listen-client-urls=http://$(POD_IP):{CLIENT_PORT}"),
+        format!("--advertise-client-urls={}", cluster.client_url(pod)),
+        format!("--initial-advertise-peer-urls={}", cluster.peer_url(pod)),
+        format!("--initial-cluster={initial_cluster}"),
+        format!("--initial-cluster-state={state}"),
+        format!("--initial-cluster-token={}", cluster.name),
+    ];
+    let mut container = json!({
+        "name": "etcd",
+        "image": spec.image,
+        "command": ["/usr/local/bin/etcd"],
+        "args": args,
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [
+            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "client"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
+    });
+    if let Some(resources) = &spec.resources
+        && let Ok(resources) = serde_json::to_value(resources)
+    {
+        container["resources"] = resources;
+    }
+    let volume = match spec.storage {
+        Some(_) => {
+            json!({"name": "data", "persistentVolumeClaim": {"claimName": cluster.claim_name(pod)}})
+        }
+        None => json!({"name": "data", "emptyDir": {}}),
+    };
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod, "labels": cluster.member_labels(pod)},
+        "spec": {
+            "hostname": pod,
+            "subdomain": cluster.name,
+            "restartPolicy": "Always",
+            "containers": [container],
+            "volumes": [volume],
+        },
+    })
+}
+
+/// The data claim of a member pod (only with `spec.storage`).
+pub fn member_claim(cluster: &ClusterRef, spec: &ValidSpec, pod: &str) -> Option<Value> {
+    let storage = spec.storage.as_ref()?;
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage.size.0}},
+    });
+    if let Some(class) = &storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    Some(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": cluster.claim_name(pod), "labels": cluster.member_labels(pod)},
+        "spec": claim_spec,
+    }))
+}
+
+/// A member pod as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedPod {
+    /// Pod name.
+    pub name: String,
+    /// `status.phase` (`Pending`, `Running`, `Failed`, ...), empty if unknown.
+    pub phase: String,
+    /// Whether the `Ready` condition is `True`.
+    pub ready: bool,
+    /// Whether the pod is being deleted (`metadata.deletionTimestamp` set).
+    pub terminating: bool,
+}
+
+impl ObservedPod {
+    /// A pod that will not come back by itself: it failed, or it is going away.
+    pub fn is_gone(&self) -> bool {
+        self.terminating || self.phase == "Failed" || self.phase == "Succeeded"
+    }
+}
+
+/// The children of one EtcdCluster, as observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedChildren {
+    /// Pods, sorted by name.
+    pub pods: Vec<ObservedPod>,
+    /// Names of data claims, sorted.
+    pub claims: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ObjectMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PodObject {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<PodStatus>,
+}
+
+#[derive(Deserialize, Default)]
+struct PodStatus {
+    #[serde(default)]
+    phase: String,
+    #[serde(default)]
+    conditions: Vec<PodCondition>,
+}
+
+#[derive(Deserialize)]
+struct PodCondition {
+    #[serde(rename = "type", default)]
+    type_: String,
+    #[serde(default)]
+    status: String,
+}
+
+#[derive(Deserialize)]
+struct AnyObject {
+    #[serde(default)]
+    metadata: ObjectMeta,
+}
+
+impl ObservedChildren {
+    /// Reads the children the plugin cares about; other kinds are ignored. A child that is
+    /// not valid JSON is an error naming it (the host sends objects it got from the API
+    /// server, so this means a host bug).
+    pub fn read(children: &[Child]) -> Result<Self, String> {
+        let mut observed = ObservedChildren::default();
+        for child in children {
+            if child.kind.is("", "Pod") {
+                let pod: PodObject = serde_json::from_str(&child.object)
+                    .map_err(|e| format!("a Pod child is not a Pod object: {e}"))?;
+                let status = pod.status.unwrap_or_default();
+                observed.pods.push(ObservedPod {
+                    ready: status
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True"),
+                    phase: status.phase,
+                    terminating: pod.metadata.deletion_timestamp.is_some(),
+                    name: pod.metadata.name,
+                });
+            } else if child.kind.is("", "PersistentVolumeClaim") {
+                let claim: AnyObject = serde_json::from_str(&child.object)
+                    .map_err(|e| format!("a PersistentVolumeClaim child is not an object: {e}"))?;
+                observed.claims.push(claim.metadata.name);
+            }
+        }
+        observed.pods.sort_by(|a, b| a.name.cmp(&b.name));
+        observed.claims.sort();
+        Ok(observed)
+    }
+
+    /// The observed pod with this name.
+    pub fn pod(&self, name: &str) -> Option<&ObservedPod> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+
+    /// Whether a data claim with this name exists.
+    pub fn has_claim(&self, name: &str) -> bool {
+        self.claims.iter().any(|c| c == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{EtcdClusterSpec, Quantity, StorageSpec};
+
+    fn cluster() -> ClusterRef {
+        ClusterRef {
+            name: "ex".into(),
+            namespace: "ns".into(),
+        }
+    }
+
+    fn spec(storage: bool) -> ValidSpec {
+        EtcdClusterSpec {
+            size: 3,
+            version: "3.6.16".into(),
+            storage: storage.then(|| StorageSpec {
+                size: Quantity("1Gi".into()),
+                storage_class_name: None,
+            }),
+            ..Default::default()
+        }
+        .validate()
+        .expect("valid")
+    }
+
+    #[test]
+    fn names_round_trip() {
+        let c = cluster();
+        let cases = [
+            ("ex-0", Some(0)),
+            ("ex-12", Some(12)),
+            ("ex-01", None),
+            ("ex-", None),
+            ("ex-client", None),
+            ("other-1", None),
+            ("ex-1-2", None),
+        ];
+        for (pod, want) in cases {
+            assert_eq!(c.member_index(pod), want, "{pod}");
+        }
+        assert_eq!(
+            c.pod_of_peer_url("http://ex-3.ex.ns.svc:2380").as_deref(),
+            Some("ex-3")
+        );
+        assert_eq!(c.pod_of_peer_url("http://ex-3.ex.other.svc:2380"), None);
+        assert_eq!(c.pod_of_peer_url("http://10.0.0.1:2380"), None);
+        assert_eq!(c.claim_member("data-ex-2").as_deref(), Some("ex-2"));
+    }
+
+    #[test]
+    fn member_pod_has_the_etcd_flags() {
+        let c = cluster();
+        let pod = member_pod(
+            &c,
+            &spec(false),
+            &MemberPod {
+                name: "ex-1".into(),
+                initial_cluster: vec![
+                    ("ex-0".into(), c.peer_url("ex-0")),
+                    ("ex-1".into(), c.peer_url("ex-1")),
+                ],
+                state: ClusterState::Existing,
+            },
+        );
+        let args: Vec<String> =
+            serde_json::from_value(pod["spec"]["containers"][0]["args"].clone()).expect("args");
+        for want in [
+            "--name=ex-1",
+            "--listen-client-urls=http://$(POD_IP):2379",
+            "--advertise-client-urls=http://ex-1.ex.ns.svc:2379",
+            "--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380,ex-1=http://ex-1.ex.ns.svc:2380",
+            "--initial-cluster-state=existing",
+            "--initial-cluster-token=ex",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+        }
+        assert!(!args.iter().any(|a| a.contains("0.0.0.0")));
+        assert_eq!(pod["spec"]["subdomain"], "ex");
+        assert_eq!(pod["metadata"]["labels"][LABEL_MEMBER], "ex-1");
+        assert_eq!(pod["spec"]["volumes"][0]["emptyDir"], json!({}));
+        assert!(pod["metadata"].get("namespace").is_none());
+        assert!(pod["metadata"].get("ownerReferences").is_none());
+    }
+
+    #[test]
+    fn storage_mounts_a_claim_per_member() {
+        let c = cluster();
+        let s = spec(true);
+        let pod = member_pod(
+            &c,
+            &s,
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        assert_eq!(
+            pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "data-ex-0"
+        );
+        let claim = member_claim(&c, &s, "ex-0").expect("claim");
+        assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+    }
+
+    #[test]
+    fn services() {
+        let c = cluster();
+        let headless = headless_service(&c);
+        assert_eq!(headless["spec"]["clusterIP"], "None");
+        assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
+        assert_eq!(client_service(&c)["metadata"]["name"], "ex-client");
+        assert_eq!(pod_disruption_budget(&c, 3)["spec"]["minAvailable"], 2);
+    }
+}

@@ -1,0 +1,447 @@
+//! What the plugin asks etcd, through the host's app-call: the [`EtcdApi`] trait, the JSON
+//! encoding of etcd's gRPC-gateway endpoints, and [`GatewayEtcdApi`], the trait over any
+//! "send one HTTP request" function (the wasm glue supplies the transport).
+//!
+//! The gateway (`/v3/...`, on the member's client port) encodes protobuf as JSON with the
+//! proto field names: `ID`, `peerURLs`, `isLearner`, `header.cluster_id`, and 64-bit
+//! integers as decimal strings. Defaults are omitted (`isLearner: false` and the empty
+//! `name` of a member that has not started yet do not appear), so every field is optional
+//! here and numbers are accepted both as strings and as JSON numbers.
+
+use serde::{Deserialize, Deserializer};
+use serde_json::json;
+
+use crate::protocol::{AppCallError, AppCallRequest, AppCallResponse, Method};
+
+/// The named container port etcd serves clients (and the gateway) on.
+pub const CLIENT_PORT_NAME: &str = "client";
+
+/// One etcd member, as `member list` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Member {
+    /// Member ID.
+    #[serde(rename = "ID", alias = "id", default, deserialize_with = "de_u64")]
+    pub id: u64,
+    /// Member name; empty until the member has started.
+    #[serde(default)]
+    pub name: String,
+    /// Peer URLs.
+    #[serde(rename = "peerURLs", alias = "peerUrls", alias = "peer_urls", default)]
+    pub peer_urls: Vec<String>,
+    /// Client URLs; empty until the member has started.
+    #[serde(
+        rename = "clientURLs",
+        alias = "clientUrls",
+        alias = "client_urls",
+        default
+    )]
+    pub client_urls: Vec<String>,
+    /// Whether the member is a non-voting learner.
+    #[serde(rename = "isLearner", alias = "is_learner", default)]
+    pub is_learner: bool,
+}
+
+impl Member {
+    /// A member has started once it published its name (etcd fills it in on first start).
+    pub fn is_started(&self) -> bool {
+        !self.name.is_empty()
+    }
+}
+
+/// The members of a cluster, with the ID of the cluster that answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberList {
+    /// etcd's cluster ID, from the response header.
+    pub cluster_id: u64,
+    /// All members, voters and learners.
+    pub members: Vec<Member>,
+}
+
+/// Result of `member add`: the new member and the membership including it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberAdded {
+    /// The member just added (not started, so its name is empty).
+    pub member: Member,
+    /// The whole membership after the addition.
+    pub list: MemberList,
+}
+
+/// What `maintenance status` says about the member that answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStatus {
+    /// etcd server version, e.g. `3.6.16`.
+    pub version: String,
+    /// ID of the member that answered.
+    pub member_id: u64,
+    /// ID of the current leader (0 when there is none).
+    pub leader: u64,
+    /// Whether the answering member is a learner.
+    pub is_learner: bool,
+    /// Alarms and errors the member reports.
+    pub errors: Vec<String>,
+}
+
+/// Why a request to etcd did not succeed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EtcdError {
+    /// No answer: the pod is not reachable, the host refused, or it timed out.
+    Unreachable(String),
+    /// etcd answered and refused, e.g. `etcdserver: can only promote a learner member which
+    /// is in sync with leader`. `code` is the gRPC status code when the gateway gave one.
+    Rejected {
+        /// HTTP status of the gateway's answer.
+        http_status: u16,
+        /// gRPC status code, if present.
+        code: Option<i64>,
+        /// etcd's message.
+        message: String,
+    },
+    /// The answer was not the JSON we expect.
+    BadResponse(String),
+}
+
+impl std::fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EtcdError::Unreachable(why) => write!(f, "etcd unreachable: {why}"),
+            EtcdError::Rejected {
+                http_status,
+                message,
+                ..
+            } => write!(f, "etcd refused (HTTP {http_status}): {message}"),
+            EtcdError::BadResponse(why) => write!(f, "unexpected answer from etcd: {why}"),
+        }
+    }
+}
+
+/// What the decision logic asks etcd. Every call names the pod to ask (a member of the
+/// cluster the parent owns); membership calls go to whichever member answered the list.
+pub trait EtcdApi {
+    /// `member list`.
+    fn member_list(&mut self, pod: &str) -> Result<MemberList, EtcdError>;
+    /// `member add` with these peer URLs, as a learner when `is_learner`.
+    fn member_add(
+        &mut self,
+        pod: &str,
+        peer_urls: &[String],
+        is_learner: bool,
+    ) -> Result<MemberAdded, EtcdError>;
+    /// `member remove` by ID.
+    fn member_remove(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError>;
+    /// `member promote` of a learner; refused until the learner has caught up.
+    fn member_promote(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError>;
+    /// `maintenance status` of the member serving `pod`.
+    fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError>;
+}
+
+fn de_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum StringOrNumber {
+        String(String),
+        Number(u64),
+    }
+    match StringOrNumber::deserialize(d)? {
+        StringOrNumber::Number(n) => Ok(n),
+        StringOrNumber::String(s) if s.is_empty() => Ok(0),
+        StringOrNumber::String(s) => s.parse().map_err(serde::de::Error::custom),
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct Header {
+    #[serde(default, alias = "clusterId", deserialize_with = "de_u64")]
+    cluster_id: u64,
+    #[serde(default, alias = "memberId", deserialize_with = "de_u64")]
+    member_id: u64,
+}
+
+#[derive(Deserialize)]
+struct MembersResponse {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    members: Vec<Member>,
+}
+
+#[derive(Deserialize)]
+struct AddResponse {
+    #[serde(default)]
+    header: Header,
+    member: Option<Member>,
+    #[serde(default)]
+    members: Vec<Member>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusResponse {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    version: String,
+    #[serde(default, deserialize_with = "de_u64")]
+    leader: u64,
+    #[serde(default, alias = "is_learner")]
+    is_learner: bool,
+    #[serde(default)]
+    errors: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct GatewayError {
+    #[serde(default)]
+    code: Option<i64>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// Path of `member list`.
+pub const MEMBER_LIST_PATH: &str = "/v3/cluster/member/list";
+/// Path of `member add`.
+pub const MEMBER_ADD_PATH: &str = "/v3/cluster/member/add";
+/// Path of `member remove`.
+pub const MEMBER_REMOVE_PATH: &str = "/v3/cluster/member/remove";
+/// Path of `member promote`.
+pub const MEMBER_PROMOTE_PATH: &str = "/v3/cluster/member/promote";
+/// Path of `maintenance status`.
+pub const STATUS_PATH: &str = "/v3/maintenance/status";
+
+/// Body of `member add`.
+pub fn encode_member_add(peer_urls: &[String], is_learner: bool) -> String {
+    json!({"peerURLs": peer_urls, "isLearner": is_learner}).to_string()
+}
+
+/// Body of `member remove` and `member promote`: the ID as a decimal string, as the
+/// gateway encodes uint64.
+pub fn encode_member_id(id: u64) -> String {
+    json!({"ID": id.to_string()}).to_string()
+}
+
+/// Turns a non-2xx gateway answer into [`EtcdError::Rejected`]; checks the status first.
+fn check_status(response: &AppCallResponse) -> Result<(), EtcdError> {
+    if (200..300).contains(&response.status) {
+        return Ok(());
+    }
+    let parsed: Option<GatewayError> = serde_json::from_str(&response.body).ok();
+    let (code, message) = match parsed {
+        Some(e) => (
+            e.code,
+            e.message
+                .or(e.error)
+                .unwrap_or_else(|| response.body.clone()),
+        ),
+        None => (None, response.body.clone()),
+    };
+    Err(EtcdError::Rejected {
+        http_status: response.status,
+        code,
+        message: truncate(&message, 300),
+    })
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(what: &str, body: &'a str) -> Result<T, EtcdError> {
+    serde_json::from_str(body)
+        .map_err(|e| EtcdError::BadResponse(format!("{what}: {e}: {}", truncate(body, 200))))
+}
+
+/// Decodes the answer to `member list`, `member remove` or `member promote`.
+pub fn decode_member_list(response: &AppCallResponse) -> Result<MemberList, EtcdError> {
+    check_status(response)?;
+    let r: MembersResponse = parse("member list", &response.body)?;
+    Ok(MemberList {
+        cluster_id: r.header.cluster_id,
+        members: r.members,
+    })
+}
+
+/// Decodes the answer to `member add`.
+pub fn decode_member_add(response: &AppCallResponse) -> Result<MemberAdded, EtcdError> {
+    check_status(response)?;
+    let r: AddResponse = parse("member add", &response.body)?;
+    let member = r
+        .member
+        .ok_or_else(|| EtcdError::BadResponse("member add: no `member` in the answer".into()))?;
+    Ok(MemberAdded {
+        member,
+        list: MemberList {
+            cluster_id: r.header.cluster_id,
+            members: r.members,
+        },
+    })
+}
+
+/// Decodes the answer to `maintenance status`.
+pub fn decode_status(response: &AppCallResponse) -> Result<EndpointStatus, EtcdError> {
+    check_status(response)?;
+    let r: StatusResponse = parse("maintenance status", &response.body)?;
+    Ok(EndpointStatus {
+        version: r.version,
+        member_id: r.header.member_id,
+        leader: r.leader,
+        is_learner: r.is_learner,
+        errors: r.errors,
+    })
+}
+
+/// [`EtcdApi`] over etcd's gRPC gateway, given a function that sends one request to a pod
+/// and returns its response (in the plugin: the host's `app-call` import).
+pub struct GatewayEtcdApi<F> {
+    send: F,
+}
+
+impl<F> GatewayEtcdApi<F>
+where
+    F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
+{
+    /// Wraps a transport.
+    pub fn new(send: F) -> Self {
+        GatewayEtcdApi { send }
+    }
+
+    fn post(&mut self, pod: &str, path: &str, body: String) -> Result<AppCallResponse, EtcdError> {
+        let request = AppCallRequest {
+            pod: pod.to_owned(),
+            port: CLIENT_PORT_NAME.to_owned(),
+            method: Method::Post,
+            path: path.to_owned(),
+            body: Some(body),
+        };
+        (self.send)(&request).map_err(|e| EtcdError::Unreachable(format!("pod {pod}: {e}")))
+    }
+}
+
+impl<F> EtcdApi for GatewayEtcdApi<F>
+where
+    F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
+{
+    fn member_list(&mut self, pod: &str) -> Result<MemberList, EtcdError> {
+        decode_member_list(&self.post(pod, MEMBER_LIST_PATH, "{}".into())?)
+    }
+
+    fn member_add(
+        &mut self,
+        pod: &str,
+        peer_urls: &[String],
+        is_learner: bool,
+    ) -> Result<MemberAdded, EtcdError> {
+        let body = encode_member_add(peer_urls, is_learner);
+        decode_member_add(&self.post(pod, MEMBER_ADD_PATH, body)?)
+    }
+
+    fn member_remove(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError> {
+        decode_member_list(&self.post(pod, MEMBER_REMOVE_PATH, encode_member_id(id))?)
+    }
+
+    fn member_promote(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError> {
+        decode_member_list(&self.post(pod, MEMBER_PROMOTE_PATH, encode_member_id(id))?)
+    }
+
+    fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
+        decode_status(&self.post(pod, STATUS_PATH, "{}".into())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(body: &str) -> AppCallResponse {
+        AppCallResponse {
+            status: 200,
+            body: body.to_owned(),
+        }
+    }
+
+    #[test]
+    fn member_list_as_the_gateway_sends_it() {
+        // Shape of etcd 3.5/3.6 gateway output: uint64 as strings, defaults omitted.
+        let body = r#"{"header":{"cluster_id":"14841639068965178418","member_id":"10276657743932975437","raft_term":"2"},
+            "members":[
+              {"ID":"10276657743932975437","name":"ex-0","peerURLs":["http://ex-0.ex.ns.svc:2380"],"clientURLs":["http://ex-0.ex.ns.svc:2379"]},
+              {"ID":"3","peerURLs":["http://ex-1.ex.ns.svc:2380"],"isLearner":true}]}"#;
+        let list = decode_member_list(&ok(body)).expect("decodes");
+        assert_eq!(list.cluster_id, 14841639068965178418);
+        assert_eq!(list.members.len(), 2);
+        assert_eq!(list.members[0].id, 10276657743932975437);
+        assert!(list.members[0].is_started() && !list.members[0].is_learner);
+        assert!(!list.members[1].is_started() && list.members[1].is_learner);
+    }
+
+    #[test]
+    fn numbers_are_accepted_as_json_numbers_too() {
+        let body = r#"{"header":{"cluster_id":7},"members":[{"ID":42,"name":"a","peerURLs":[]}]}"#;
+        let list = decode_member_list(&ok(body)).expect("decodes");
+        assert_eq!((list.cluster_id, list.members[0].id), (7, 42));
+    }
+
+    #[test]
+    fn member_add_answer_and_request() {
+        let body = r#"{"header":{"cluster_id":"1"},"member":{"ID":"99","peerURLs":["http://p:2380"],"isLearner":true},
+            "members":[{"ID":"1","name":"a","peerURLs":["http://a:2380"]},{"ID":"99","peerURLs":["http://p:2380"],"isLearner":true}]}"#;
+        let added = decode_member_add(&ok(body)).expect("decodes");
+        assert_eq!(added.member.id, 99);
+        assert_eq!(added.list.members.len(), 2);
+        let request: serde_json::Value =
+            serde_json::from_str(&encode_member_add(&["http://p:2380".into()], true))
+                .expect("json");
+        assert_eq!(
+            request,
+            json!({"peerURLs": ["http://p:2380"], "isLearner": true})
+        );
+        assert_eq!(
+            encode_member_id(u64::MAX),
+            r#"{"ID":"18446744073709551615"}"#
+        );
+    }
+
+    #[test]
+    fn gateway_errors_become_rejections() {
+        let response = AppCallResponse {
+            status: 400,
+            body: r#"{"error":"etcdserver: can only promote a learner member which is in sync with leader","code":9,"message":"etcdserver: can only promote a learner member which is in sync with leader"}"#.into(),
+        };
+        match decode_member_list(&response) {
+            Err(EtcdError::Rejected { code, message, .. }) => {
+                assert_eq!(code, Some(9));
+                assert!(message.contains("in sync with leader"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decode_member_list(&ok("not json")),
+            Err(EtcdError::BadResponse(_))
+        ));
+    }
+
+    #[test]
+    fn status_answer() {
+        let body = r#"{"header":{"cluster_id":"1","member_id":"5"},"version":"3.6.16","dbSize":"20480","leader":"5","raftIndex":"8","raftTerm":"2"}"#;
+        let status = decode_status(&ok(body)).expect("decodes");
+        assert_eq!(status.version, "3.6.16");
+        assert_eq!((status.member_id, status.leader), (5, 5));
+    }
+
+    #[test]
+    fn gateway_api_sends_to_the_client_port() {
+        let mut sent = Vec::new();
+        let mut api = GatewayEtcdApi::new(|request: &AppCallRequest| {
+            sent.push(request.clone());
+            Ok(ok(r#"{"header":{"cluster_id":"1"},"members":[]}"#))
+        });
+        api.member_remove("ex-1", 12).expect("ok");
+        assert_eq!(sent[0].pod, "ex-1");
+        assert_eq!(sent[0].port, "client");
+        assert_eq!(sent[0].path, MEMBER_REMOVE_PATH);
+        assert_eq!(sent[0].body.as_deref(), Some(r#"{"ID":"12"}"#));
+    }
+}

@@ -1,0 +1,1204 @@
+//! Table-driven tests of the decisions: one row per situation, including every point where
+//! the host may stop between two steps of a membership change.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::children::{pod_kind, pvc_kind};
+use crate::etcd_api::{EtcdError, MemberAdded};
+use crate::protocol::{Child, KindRef};
+
+/// A fake etcd for pure-logic tests, not a model of etcd: it serves a scripted member list
+/// from the pods allowed to answer, applies add/remove/promote to that list, refuses what it
+/// is told to refuse, and records every call.
+#[derive(Clone, Debug)]
+struct FakeEtcd {
+    cluster_id: u64,
+    members: Vec<Member>,
+    /// Pods that answer; `None`: every pod answers.
+    answering: Option<Vec<&'static str>>,
+    /// Refuse `member promote` as etcd does for a learner that has not caught up.
+    promote_refused: bool,
+    /// Refuse `member add` (e.g. etcd has no quorum).
+    add_refused: bool,
+    leader: u64,
+    version: &'static str,
+    next_id: u64,
+    calls: Vec<String>,
+}
+
+impl Default for FakeEtcd {
+    fn default() -> Self {
+        FakeEtcd {
+            cluster_id: 777,
+            members: Vec::new(),
+            answering: None,
+            promote_refused: false,
+            add_refused: false,
+            leader: 1,
+            version: "3.6.16",
+            next_id: 100,
+            calls: Vec::new(),
+        }
+    }
+}
+
+impl FakeEtcd {
+    fn with(members: Vec<Member>) -> Self {
+        FakeEtcd {
+            members,
+            ..Default::default()
+        }
+    }
+
+    fn answers(&self, pod: &str) -> Result<(), EtcdError> {
+        match &self.answering {
+            Some(pods) if !pods.contains(&pod) => Err(EtcdError::Unreachable(format!(
+                "pod {pod}: connection refused"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn list(&self) -> MemberList {
+        MemberList {
+            cluster_id: self.cluster_id,
+            members: self.members.clone(),
+        }
+    }
+
+    fn rejected(message: &str) -> EtcdError {
+        EtcdError::Rejected {
+            http_status: 400,
+            code: Some(9),
+            message: message.to_owned(),
+        }
+    }
+
+    /// The membership changes asked for, in order.
+    fn changes(&self) -> Vec<String> {
+        self.calls
+            .iter()
+            .filter(|c| !c.starts_with("list") && !c.starts_with("status"))
+            .cloned()
+            .collect()
+    }
+}
+
+impl EtcdApi for FakeEtcd {
+    fn member_list(&mut self, pod: &str) -> Result<MemberList, EtcdError> {
+        self.calls.push(format!("list {pod}"));
+        self.answers(pod)?;
+        Ok(self.list())
+    }
+
+    fn member_add(
+        &mut self,
+        pod: &str,
+        peer_urls: &[String],
+        is_learner: bool,
+    ) -> Result<MemberAdded, EtcdError> {
+        self.calls
+            .push(format!("add {} learner={is_learner}", peer_urls.join(",")));
+        self.answers(pod)?;
+        if self.add_refused {
+            return Err(Self::rejected("etcdserver: unhealthy cluster"));
+        }
+        let member = Member {
+            id: self.next_id,
+            name: String::new(),
+            peer_urls: peer_urls.to_vec(),
+            client_urls: Vec::new(),
+            is_learner,
+        };
+        self.next_id += 1;
+        self.members.push(member.clone());
+        Ok(MemberAdded {
+            member,
+            list: self.list(),
+        })
+    }
+
+    fn member_remove(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError> {
+        self.calls.push(format!("remove {id}"));
+        self.answers(pod)?;
+        if !self.members.iter().any(|m| m.id == id) {
+            return Err(Self::rejected("etcdserver: member not found"));
+        }
+        self.members.retain(|m| m.id != id);
+        Ok(self.list())
+    }
+
+    fn member_promote(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError> {
+        self.calls.push(format!("promote {id}"));
+        self.answers(pod)?;
+        if self.promote_refused {
+            return Err(Self::rejected(
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ));
+        }
+        for m in &mut self.members {
+            if m.id == id {
+                m.is_learner = false;
+            }
+        }
+        Ok(self.list())
+    }
+
+    fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
+        self.calls.push(format!("status {pod}"));
+        self.answers(pod)?;
+        Ok(EndpointStatus {
+            version: self.version.to_owned(),
+            member_id: 0,
+            leader: self.leader,
+            is_learner: false,
+            errors: Vec::new(),
+        })
+    }
+}
+
+// ---- fixtures: cluster `ex` in namespace `ns` ----
+
+fn peer(pod: &str) -> String {
+    format!("http://{pod}.ex.ns.svc:2380")
+}
+
+/// A started voting member named after its pod.
+fn voter(id: u64, pod: &str) -> Member {
+    Member {
+        id,
+        name: pod.to_owned(),
+        peer_urls: vec![peer(pod)],
+        client_urls: vec![format!("http://{pod}.ex.ns.svc:2379")],
+        is_learner: false,
+    }
+}
+
+/// A started learner.
+fn learner(id: u64, pod: &str) -> Member {
+    Member {
+        is_learner: true,
+        ..voter(id, pod)
+    }
+}
+
+/// A learner added with `member add` whose etcd has not started: no name yet.
+fn unstarted(id: u64, pod: &str) -> Member {
+    Member {
+        id,
+        name: String::new(),
+        peer_urls: vec![peer(pod)],
+        client_urls: Vec::new(),
+        is_learner: true,
+    }
+}
+
+fn pod_child(name: &str, phase: &str, ready: bool, terminating: bool) -> Child {
+    let mut object = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns"},
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+        },
+    });
+    if terminating {
+        object["metadata"]["deletionTimestamp"] = json!("2024-05-01T11:59:00Z");
+    }
+    Child {
+        kind: pod_kind(),
+        object: object.to_string(),
+    }
+}
+
+fn ready(name: &str) -> Child {
+    pod_child(name, "Running", true, false)
+}
+
+fn starting(name: &str) -> Child {
+    pod_child(name, "Running", false, false)
+}
+
+fn failed(name: &str) -> Child {
+    pod_child(name, "Failed", false, false)
+}
+
+fn terminating(name: &str) -> Child {
+    pod_child(name, "Running", false, true)
+}
+
+fn claim(name: &str) -> Child {
+    Child {
+        kind: pvc_kind(),
+        object:
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}})
+                .to_string(),
+    }
+}
+
+fn spec(size: i64) -> Value {
+    json!({"size": size, "version": "3.6.16"})
+}
+
+fn with_storage(size: i64) -> Value {
+    json!({"size": size, "version": "3.6.16", "storage": {"size": "1Gi"}})
+}
+
+/// Status of a cluster that answered before.
+fn recorded(members: &[&str]) -> Value {
+    json!({
+        "clusterID": "777",
+        "members": members.iter().enumerate().map(|(i, m)| json!({"name": m, "id": (i + 1).to_string(), "ready": true, "learner": false})).collect::<Vec<_>>(),
+    })
+}
+
+const NOW: Timestamp = Timestamp {
+    seconds: 1_714_564_800,
+    nanoseconds: 0,
+};
+
+fn observation(spec: Value, status: Option<Value>, children: Vec<Child>) -> Observation {
+    let mut parent = json!({
+        "apiVersion": "etcd.database.coreos.com/v1beta2",
+        "kind": "EtcdCluster",
+        "metadata": {"name": "ex", "namespace": "ns", "generation": 2},
+        "spec": spec,
+    });
+    if let Some(status) = status {
+        parent["status"] = status;
+    }
+    Observation {
+        parent: parent.to_string(),
+        children,
+        now: NOW,
+    }
+}
+
+// ---- what a decision did, in comparable form ----
+
+#[derive(Debug, Default)]
+struct Summary {
+    /// `Kind/name` of applied objects other than the services and the budget.
+    applied: Vec<String>,
+    /// `Kind/name` of deleted objects.
+    deleted: Vec<String>,
+    /// `Type/Reason` of events.
+    events: Vec<String>,
+    status: Value,
+    requeue: Option<u64>,
+    /// The whole action list, in order, as `apply Kind/name`, `delete Kind/name`, ...
+    order: Vec<String>,
+}
+
+fn summarize(decision: &Decision) -> Summary {
+    let mut s = Summary {
+        requeue: decision.requeue_after_ms,
+        ..Default::default()
+    };
+    for action in &decision.actions {
+        match action {
+            Action::Apply(object) => {
+                let kind = object["kind"].as_str().unwrap_or("?");
+                let name = object["metadata"]["name"].as_str().unwrap_or("?");
+                let id = format!("{kind}/{name}");
+                s.order.push(format!("apply {id}"));
+                if kind != "Service" && kind != "PodDisruptionBudget" {
+                    s.applied.push(id);
+                }
+            }
+            Action::Delete { kind, name } => {
+                let id = format!("{}/{name}", kind.kind);
+                s.order.push(format!("delete {id}"));
+                s.deleted.push(id);
+            }
+            Action::SetStatus(status) => {
+                s.order.push("status".into());
+                s.status = status.clone();
+            }
+            Action::RecordEvent(event) => {
+                let id = format!("{:?}/{}", event.event_type, event.reason);
+                s.order.push(format!("event {id}"));
+                s.events.push(id);
+            }
+        }
+    }
+    s
+}
+
+fn condition<'s>(status: &'s Value, type_: &str) -> Option<&'s Value> {
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn pod_args(decision: &Decision, name: &str) -> Vec<String> {
+    decision
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Apply(o) if o["kind"] == "Pod" && o["metadata"]["name"] == name => {
+                serde_json::from_value(o["spec"]["containers"][0]["args"].clone()).ok()
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// One situation and what the decision must contain.
+struct Row {
+    name: &'static str,
+    observation: Observation,
+    etcd: FakeEtcd,
+    /// Membership calls to etcd, in order (`add <url> learner=<b>`, `remove <id>`, ...).
+    changes: &'static [&'static str],
+    applied: &'static [&'static str],
+    deleted: &'static [&'static str],
+    events: &'static [&'static str],
+    phase: &'static str,
+    requeue: Option<u64>,
+    /// Further checks on the decision and the fake.
+    check: fn(&Decision, &FakeEtcd),
+}
+
+fn no_check(_: &Decision, _: &FakeEtcd) {}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            name: "first reconcile creates the services and the seed pod",
+            observation: observation(spec(3), None, vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &["Pod/ex-0"],
+            deleted: &[],
+            events: &["Normal/ClusterCreated"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, etcd| {
+                let args = pod_args(d, "ex-0");
+                assert!(
+                    args.contains(&"--initial-cluster-state=new".to_owned()),
+                    "{args:?}"
+                );
+                assert!(
+                    args.contains(&"--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380".to_owned())
+                );
+                assert!(etcd.calls.is_empty(), "no pod to ask: {:?}", etcd.calls);
+                let s = summarize(d);
+                assert_eq!(
+                    s.order[..3],
+                    [
+                        "apply Service/ex",
+                        "apply Service/ex-client",
+                        "apply PodDisruptionBudget/ex"
+                    ]
+                );
+            },
+        },
+        Row {
+            name: "seed pod not Ready yet: wait, no etcd call",
+            observation: observation(spec(3), None, vec![starting("ex-0")]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, etcd| {
+                assert!(etcd.calls.is_empty());
+                let s = summarize(d);
+                assert_eq!(
+                    condition(&s.status, "Progressing").map(|c| c["status"].clone()),
+                    Some(json!("True"))
+                );
+                assert_eq!(
+                    condition(&s.status, "Available").map(|c| c["status"].clone()),
+                    Some(json!("False"))
+                );
+            },
+        },
+        Row {
+            name: "seed pod failed before the cluster answered is deleted, to be recreated",
+            observation: observation(spec(1), None, vec![failed("ex-0")]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-0"],
+            events: &[],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "seed Ready: scale up adds a learner, then creates its pod joining the existing cluster",
+            observation: observation(spec(3), None, vec![ready("ex-0")]),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0")]),
+            changes: &["add http://ex-1.ex.ns.svc:2380 learner=true"],
+            applied: &["Pod/ex-1"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let args = pod_args(d, "ex-1");
+                assert!(
+                    args.contains(&"--initial-cluster-state=existing".to_owned()),
+                    "{args:?}"
+                );
+                assert!(args.contains(
+                    &"--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380,ex-1=http://ex-1.ex.ns.svc:2380".to_owned()
+                ));
+                let s = summarize(d);
+                assert_eq!(s.status["clusterID"], "777");
+                assert_eq!(s.status["currentVersion"], "3.6.16");
+                assert_eq!(
+                    s.status["members"][1],
+                    json!({"name": "ex-1", "id": "100", "ready": false, "learner": true})
+                );
+            },
+        },
+        Row {
+            name: "member added but pod missing after a crash creates the pod, not a second member",
+            observation: observation(spec(3), Some(recorded(&["ex-0"])), vec![ready("ex-0")]),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), unstarted(2, "ex-1")]),
+            changes: &[],
+            applied: &["Pod/ex-1"],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let args = pod_args(d, "ex-1");
+                assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
+                assert!(args.contains(
+                    &"--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380,ex-1=http://ex-1.ex.ns.svc:2380".to_owned()
+                ));
+            },
+        },
+        Row {
+            name: "scale up waits while a learner is unstarted",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), unstarted(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a started learner is promoted",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")]),
+            changes: &["promote 2"],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/MemberPromoted"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                assert_eq!(summarize(d).status["members"][1]["learner"], false);
+            },
+        },
+        Row {
+            name: "promotion refused while the learner catches up is a retry, not an error",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd {
+                promote_refused: true,
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")])
+            },
+            changes: &["promote 2"],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let s = summarize(d);
+                let progressing = condition(&s.status, "Progressing")
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(
+                    progressing["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("catching up"),
+                    "{progressing}"
+                );
+                assert_eq!(
+                    condition(&s.status, "Degraded").map(|c| c["status"].clone()),
+                    Some(json!("False"))
+                );
+            },
+        },
+        Row {
+            name: "scale up waits while a member pod is not Ready",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "scale up waits while a removed member's pod is terminating",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![ready("ex-0"), ready("ex-1"), terminating("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a claim with neither pod nor member is deleted before scaling up",
+            observation: observation(
+                with_storage(4),
+                Some(recorded(&["ex-0", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-2"),
+                    claim("data-ex-0"),
+                    claim("data-ex-2"),
+                    ready("ex-4"),
+                    claim("data-ex-4"),
+                    claim("data-ex-1"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(3, "ex-2"), voter(5, "ex-4")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["PersistentVolumeClaim/data-ex-1"],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "scale up with storage creates the claim before the pod, at the first free index",
+            observation: observation(
+                with_storage(3),
+                Some(recorded(&["ex-0", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-2"),
+                    claim("data-ex-0"),
+                    claim("data-ex-2"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(3, "ex-2")]),
+            changes: &["add http://ex-1.ex.ns.svc:2380 learner=true"],
+            applied: &["PersistentVolumeClaim/data-ex-1", "Pod/ex-1"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "member add refused is retried on the next reconcile, not an error",
+            observation: observation(spec(3), Some(recorded(&["ex-0"])), vec![ready("ex-0")]),
+            etcd: FakeEtcd {
+                add_refused: true,
+                ..FakeEtcd::with(vec![voter(1, "ex-0")])
+            },
+            changes: &["add http://ex-1.ex.ns.svc:2380 learner=true"],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "steady cluster applies only services and status, and requeues slowly",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: |d, _| {
+                let s = summarize(d);
+                assert_eq!(s.status["ready"], "3/3");
+                assert_eq!(s.status["size"], 3);
+                assert_eq!(s.status["observedGeneration"], 2);
+                assert_eq!(
+                    condition(&s.status, "Available").map(|c| c["status"].clone()),
+                    Some(json!("True"))
+                );
+                assert_eq!(
+                    condition(&s.status, "Progressing").map(|c| c["status"].clone()),
+                    Some(json!("False"))
+                );
+            },
+        },
+        Row {
+            name: "scale down removes the member before deleting its pod",
+            observation: observation(
+                spec(2),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &["remove 3"],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, etcd| {
+                assert_eq!(etcd.members.len(), 2);
+                assert_eq!(
+                    summarize(d).status["members"].as_array().map(Vec::len),
+                    Some(2)
+                );
+            },
+        },
+        Row {
+            name: "scale down removes a learner first",
+            observation: observation(
+                spec(2),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &["remove 2"],
+            applied: &[],
+            deleted: &["Pod/ex-1"],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "scale down removes a member whose pod is not Ready before healthy ones",
+            observation: observation(
+                spec(2),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), starting("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &["remove 2"],
+            applied: &[],
+            deleted: &["Pod/ex-1"],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "scale down keeps the leader for last",
+            observation: observation(
+                spec(2),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd {
+                leader: 3,
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &["remove 2"],
+            applied: &[],
+            deleted: &["Pod/ex-1"],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "scale down with storage deletes the pod, then its claim",
+            observation: observation(
+                with_storage(1),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")]),
+            changes: &["remove 2"],
+            applied: &[],
+            deleted: &["Pod/ex-1", "PersistentVolumeClaim/data-ex-1"],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "member removed but pod left after a crash deletes the pod, no second remove",
+            observation: observation(
+                spec(1),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![ready("ex-0"), ready("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-1"],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "pod deleted but claim left after a crash deletes the claim",
+            observation: observation(
+                with_storage(1),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), claim("data-ex-0"), claim("data-ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["PersistentVolumeClaim/data-ex-1"],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a member whose pod and emptyDir are gone is removed so a fresh member replaces it",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &["remove 3"],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "after a lost member was removed, a fresh member takes the free index",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")]),
+            changes: &["add http://ex-2.ex.ns.svc:2380 learner=true"],
+            applied: &["Pod/ex-2"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a failed member pod is deleted, its member kept until the pod is gone",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), failed("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "with storage a member whose pod is gone gets its pod back on its claim",
+            observation: observation(
+                with_storage(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                    claim("data-ex-2"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/data-ex-2", "Pod/ex-2"],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "the only voter losing its pod is reported, never removed",
+            observation: observation(spec(1), Some(recorded(&["ex-0"])), vec![ready("ex-1")]),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/MemberLost"],
+            phase: "Failed",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "etcd unreachable: only services and status, then requeue",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![ready("ex-0"), ready("ex-1")],
+            ),
+            etcd: FakeEtcd {
+                answering: Some(vec![]),
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, etcd| {
+                assert_eq!(etcd.calls, ["list ex-0", "list ex-1"]);
+                let s = summarize(d);
+                let available = condition(&s.status, "Available")
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(available["status"], "False");
+                assert_eq!(available["reason"], "EtcdUnreachable");
+                assert_eq!(s.status["clusterID"], "777", "the recorded cluster is kept");
+            },
+        },
+        Row {
+            name: "the first member that answers is used when another is unreachable",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![ready("ex-0"), ready("ex-1")],
+            ),
+            etcd: FakeEtcd {
+                answering: Some(vec!["ex-1"]),
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1")])
+            },
+            changes: &["add http://ex-2.ex.ns.svc:2380 learner=true"],
+            applied: &["Pod/ex-2"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "every pod gone with emptyDir after the cluster ran is reported lost, nothing created",
+            observation: observation(spec(3), Some(recorded(&["ex-0", "ex-1", "ex-2"])), vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/ClusterLost"],
+            phase: "Failed",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "every pod gone with storage after the cluster ran recreates them on their claims",
+            observation: observation(
+                with_storage(2),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![claim("data-ex-0"), claim("data-ex-1")],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[
+                "PersistentVolumeClaim/data-ex-0",
+                "Pod/ex-0",
+                "PersistentVolumeClaim/data-ex-1",
+                "Pod/ex-1",
+            ],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let args = pod_args(d, "ex-1");
+                assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
+            },
+        },
+        Row {
+            name: "size 0 is rejected with InvalidSpec and one event",
+            observation: observation(spec(0), None, vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Failed",
+            requeue: None,
+            check: |d, etcd| {
+                assert!(etcd.calls.is_empty());
+                let s = summarize(d);
+                assert_eq!(
+                    s.order,
+                    ["event Warning/InvalidSpec", "status"],
+                    "no child action"
+                );
+                let degraded = condition(&s.status, "Degraded")
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(degraded["status"], "True");
+                assert_eq!(degraded["reason"], "InvalidSpec");
+                assert!(
+                    degraded["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("spec.size")
+                );
+            },
+        },
+        Row {
+            name: "an invalid spec already reported is not warned about again",
+            observation: observation(
+                spec(0),
+                Some(json!({"conditions": [{
+                    "type": "Degraded", "status": "True", "reason": "InvalidSpec",
+                    "message": "spec.size is 0: set it between 1 and 9 (3 or 5 for a cluster that tolerates failures)",
+                    "lastTransitionTime": "2024-05-01T00:00:00Z",
+                }]})),
+                vec![],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Failed",
+            requeue: None,
+            check: |d, _| {
+                let s = summarize(d);
+                let degraded = condition(&s.status, "Degraded")
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(degraded["lastTransitionTime"], "2024-05-01T00:00:00Z");
+            },
+        },
+        Row {
+            name: "an unsupported version is rejected with InvalidSpec",
+            observation: observation(json!({"size": 3, "version": "3.4.30"}), None, vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Failed",
+            requeue: None,
+            check: no_check,
+        },
+        Row {
+            name: "an invalid spec on a running cluster touches nothing and keeps its phase",
+            observation: observation(
+                json!({"size": 3, "version": "nope"}),
+                Some(json!({"phase": "Running", "clusterID": "777", "size": 3})),
+                vec![ready("ex-0")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Running",
+            requeue: None,
+            check: |_, etcd| assert!(etcd.calls.is_empty()),
+        },
+    ]
+}
+
+#[test]
+fn decisions() {
+    let mut failures = Vec::new();
+    for row in rows() {
+        let mut etcd = row.etcd.clone();
+        let decision = match reconcile(&row.observation, &mut etcd) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.push(format!("{}: error {e}", row.name));
+                continue;
+            }
+        };
+        let s = summarize(&decision);
+        let got = (
+            etcd.changes(),
+            s.applied.clone(),
+            s.deleted.clone(),
+            s.events.clone(),
+            s.status["phase"].as_str().unwrap_or("").to_owned(),
+            s.requeue,
+        );
+        let want = (
+            row.changes
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            row.applied
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            row.deleted
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            row.events.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+            row.phase.to_owned(),
+            row.requeue,
+        );
+        if got != want {
+            failures.push(format!(
+                "{}:\n   got  (changes, applied, deleted, events, phase, requeue) = {got:?}\n   want {want:?}",
+                row.name
+            ));
+            continue;
+        }
+        let check = std::panic::catch_unwind(|| (row.check)(&decision, &etcd));
+        if check.is_err() {
+            failures.push(format!("{}: check failed (see panic above)", row.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Replays a scale-up from nothing to 3 members, feeding each decision back as the next
+/// observation (pods become Ready, learners start), and checks the end state.
+#[test]
+fn scale_up_from_nothing_converges() {
+    let mut etcd = FakeEtcd::default();
+    let mut pods: Vec<String> = Vec::new();
+    let mut status: Option<Value> = None;
+    for round in 0..30 {
+        let children: Vec<Child> = pods.iter().map(|p| ready(p)).collect();
+        let decision = reconcile(&observation(spec(3), status.clone(), children), &mut etcd)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for action in &decision.actions {
+            match action {
+                Action::Apply(o) if o["kind"] == "Pod" => {
+                    let name = o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    // The seed bootstraps the cluster; joiners start (publish their name).
+                    if etcd.members.is_empty() {
+                        etcd.members.push(voter(1, &name));
+                    }
+                    pods.push(name);
+                }
+                Action::SetStatus(s) => status = Some(s.clone()),
+                _ => {}
+            }
+        }
+        for m in &mut etcd.members {
+            if m.name.is_empty()
+                && let Some(pod) = m
+                    .peer_urls
+                    .first()
+                    .and_then(|u| u.split('.').next())
+                    .map(|h| h.trim_start_matches("http://").to_owned())
+            {
+                m.name = pod;
+            }
+        }
+        if decision.requeue_after_ms == Some(REQUEUE_STEADY_MS) {
+            break;
+        }
+    }
+    let status = status.unwrap_or_default();
+    assert_eq!(status["phase"], "Running", "{status}");
+    assert_eq!(status["ready"], "3/3");
+    assert_eq!(pods, ["ex-0", "ex-1", "ex-2"]);
+    assert!(etcd.members.iter().all(|m| !m.is_learner));
+}
+
+#[test]
+fn bad_observations_are_errors_naming_the_host() {
+    let mut etcd = FakeEtcd::default();
+    let not_json = Observation {
+        parent: "{".into(),
+        children: vec![],
+        now: NOW,
+    };
+    let err = reconcile(&not_json, &mut etcd).err().map(|e| e.reason);
+    assert_eq!(err.as_deref(), Some("BadObservation"));
+    let nameless = Observation {
+        parent: json!({"spec": spec(1)}).to_string(),
+        children: vec![],
+        now: NOW,
+    };
+    assert!(reconcile(&nameless, &mut etcd).is_err());
+    let bad_child = observation(
+        spec(1),
+        None,
+        vec![Child {
+            kind: KindRef::namespaced("", "v1", "Pod", "pods"),
+            object: "[1,2".into(),
+        }],
+    );
+    assert!(reconcile(&bad_child, &mut etcd).is_err());
+}
+
+#[test]
+fn finalize_has_nothing_to_clean_up() {
+    let mut etcd = FakeEtcd::default();
+    let decision = finalize(&observation(spec(1), None, vec![]), &mut etcd).expect("finalize");
+    assert!(decision.done && decision.actions.is_empty());
+}
+
+#[test]
+fn decisions_are_idempotent_for_the_same_observation() {
+    // Same observation twice (etcd unchanged between them, as after a failed apply):
+    // the same actions.
+    for row in rows().into_iter().filter(|r| r.changes.is_empty()) {
+        let mut a = row.etcd.clone();
+        let mut b = row.etcd.clone();
+        let first = reconcile(&row.observation, &mut a).map(|d| d.actions);
+        let second = reconcile(&row.observation, &mut b).map(|d| d.actions);
+        assert_eq!(first, second, "{}", row.name);
+    }
+}

@@ -1,0 +1,500 @@
+//! The `EtcdCluster` custom resource: spec and status types, API-compatible with the
+//! classic etcd-operator (`etcd.database.coreos.com/v1beta2`), and the CRD built from them.
+//!
+//! The doc comments on fields become the field descriptions of the generated CRD schema
+//! (`cargo xtask crdgen`, feature `crd`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Image repository used when `spec.repository` is not set.
+pub const DEFAULT_REPOSITORY: &str = "gcr.io/etcd-development/etcd";
+
+/// etcd version used when `spec.version` is not set.
+pub const DEFAULT_VERSION: &str = "3.6.16";
+
+/// Largest cluster size accepted: etcd recommends at most 7 voting members, and every voter
+/// slows down writes (each one is in the quorum path).
+pub const MAX_SIZE: i64 = 9;
+
+/// etcd minor versions this plugin knows how to run, as `(major, minor)`. All of them
+/// support learners (etcd 3.4+), which the scale-up procedure relies on.
+pub const SUPPORTED_MINORS: &[(u64, u64)] = &[(3, 5), (3, 6)];
+
+fn default_version() -> String {
+    DEFAULT_VERSION.to_owned()
+}
+
+/// Desired state of an etcd cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(
+    feature = "crd",
+    derive(kube::CustomResource),
+    kube(
+        group = "etcd.database.coreos.com",
+        version = "v1beta2",
+        kind = "EtcdCluster",
+        plural = "etcdclusters",
+        namespaced,
+        status = "EtcdClusterStatus",
+        shortname = "etcd",
+        doc = "An etcd cluster run by policy-host's etcd plugin.",
+        scale(
+            spec_replicas_path = ".spec.size",
+            status_replicas_path = ".status.size"
+        ),
+        printcolumn(
+            name = "Size",
+            type_ = "integer",
+            json_path = ".spec.size",
+            description = "Desired number of members"
+        ),
+        printcolumn(
+            name = "Ready",
+            type_ = "string",
+            json_path = ".status.ready",
+            description = "Ready members / desired members"
+        ),
+        printcolumn(
+            name = "Version",
+            type_ = "string",
+            json_path = ".status.currentVersion",
+            description = "etcd version the cluster runs"
+        ),
+        printcolumn(
+            name = "Phase",
+            type_ = "string",
+            json_path = ".status.phase",
+            description = "Creating, Running, Scaling or Failed"
+        ),
+        printcolumn(
+            name = "Age",
+            type_ = "date",
+            json_path = ".metadata.creationTimestamp"
+        )
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterSpec {
+    /// Number of etcd members (voters). 1 to 9; use an odd number (3 or 5) so the cluster
+    /// tolerates (size-1)/2 failed members.
+    pub size: i64,
+    /// etcd version, e.g. `3.6.16` (a leading `v` is accepted). Supported minors: 3.5 and
+    /// 3.6. The image is `<repository>:v<version>`.
+    #[serde(default = "default_version")]
+    pub version: String,
+    /// Image repository; defaults to `gcr.io/etcd-development/etcd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// Settings for the member pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodPolicy>,
+    /// Persistent storage for each member's data directory. Without it, members keep their
+    /// data in an `emptyDir` and a member whose pod is lost is replaced by a fresh member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageSpec>,
+}
+
+/// Settings for the member pods.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPolicy {
+    /// Compute resources of the etcd container (Kubernetes ResourceRequirements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Compute resources, as Kubernetes `ResourceRequirements` (limits and requests only).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRequirements {
+    /// Maximum amount of each resource, e.g. `{cpu: 500m, memory: 512Mi}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Quantity>,
+    /// Amount of each resource the scheduler reserves, e.g. `{cpu: 100m, memory: 128Mi}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Quantity>,
+}
+
+/// Persistent storage: one PersistentVolumeClaim per member, named after its pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Requested size of each member's volume, e.g. `1Gi`.
+    pub size: Quantity,
+    /// StorageClass of the claims; the cluster's default class when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+/// A Kubernetes resource quantity (`500m`, `1Gi`, `2`): a string or an integer in YAML.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Quantity(pub String);
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct QuantityVisitor;
+        impl serde::de::Visitor<'_> for QuantityVisitor {
+            type Value = Quantity;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quantity such as \"500m\", \"1Gi\" or 2")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_owned()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+        }
+        d.deserialize_any(QuantityVisitor)
+    }
+}
+
+impl JsonSchema for Quantity {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Quantity".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A Kubernetes quantity, e.g. 500m, 1Gi or 2.",
+            "x-kubernetes-int-or-string": true,
+        })
+    }
+}
+
+/// Observed state of an etcd cluster, written by the plugin on every reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterStatus {
+    /// `Creating`, `Running`, `Scaling` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Current number of etcd members (voters and learners).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
+    /// Ready members over desired members, e.g. `2/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// The members etcd reports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    /// etcd's cluster ID (decimal), once the cluster answered.
+    #[serde(default, rename = "clusterID", skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// etcd version the cluster runs, as etcd reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// etcd version the spec asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
+    /// `Available` (a quorum of members is ready), `Progressing` (membership is changing),
+    /// `Degraded` (something needs attention: invalid spec, lost or failed members).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Lifecycle phase of the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    /// The seed member is starting; the cluster has not answered yet.
+    Creating,
+    /// Membership matches the spec and every member is ready.
+    Running,
+    /// Members are being added, promoted, removed or replaced.
+    Scaling,
+    /// The spec is invalid, or the cluster is lost and needs a human.
+    Failed,
+}
+
+/// One etcd member.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// Member name, which is also its pod's name.
+    pub name: String,
+    /// etcd member ID (decimal).
+    pub id: String,
+    /// Whether the member's pod is Ready.
+    pub ready: bool,
+    /// Whether the member is a learner (non-voting, catching up).
+    pub learner: bool,
+}
+
+/// A status condition, following the Kubernetes `metav1.Condition` conventions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type: `Available`, `Progressing` or `Degraded`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason for the last transition or the current state.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable details.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    #[serde(default)]
+    pub last_transition_time: String,
+    /// The `metadata.generation` the condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A validated spec: what the rest of the plugin works with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidSpec {
+    /// Number of members wanted.
+    pub size: usize,
+    /// Version without the leading `v`, e.g. `3.6.16`.
+    pub version: Version,
+    /// Container image, `<repository>:v<version>`.
+    pub image: String,
+    /// Compute resources of the etcd container.
+    pub resources: Option<ResourceRequirements>,
+    /// Persistent storage, if any.
+    pub storage: Option<StorageSpec>,
+}
+
+/// An etcd version `major.minor.patch` (pre-release suffixes are kept for the image tag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// Major version.
+    pub major: u64,
+    /// Minor version.
+    pub minor: u64,
+    /// Patch version.
+    pub patch: u64,
+    /// The text as written, without a leading `v` (e.g. `3.6.0-rc.1`).
+    pub text: String,
+}
+
+impl Version {
+    /// Parses `3.6.16` or `v3.6.16` (an optional `-suffix` is allowed).
+    pub fn parse(text: &str) -> Option<Version> {
+        let text = text.trim();
+        let bare = text.strip_prefix('v').unwrap_or(text);
+        let core = bare.split(['-', '+']).next()?;
+        let mut parts = core.split('.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        let patch = parts.next()?.parse().ok()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Version {
+            major,
+            minor,
+            patch,
+            text: bare.to_owned(),
+        })
+    }
+
+    /// Whether etcd at this version supports learner members (etcd 3.4+).
+    pub fn supports_learners(&self) -> bool {
+        (self.major, self.minor) >= (3, 4)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl EtcdClusterSpec {
+    /// Checks the spec; on failure the message says what to fix.
+    pub fn validate(&self) -> Result<ValidSpec, String> {
+        if self.size < 1 || self.size > MAX_SIZE {
+            return Err(format!(
+                "spec.size is {}: set it between 1 and {MAX_SIZE} (3 or 5 for a cluster that tolerates failures)",
+                self.size
+            ));
+        }
+        let supported = SUPPORTED_MINORS
+            .iter()
+            .map(|(major, minor)| format!("{major}.{minor}.x"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let Some(version) = Version::parse(&self.version) else {
+            return Err(format!(
+                "spec.version {:?} is not a version like 3.6.16: use one of {supported}",
+                self.version
+            ));
+        };
+        if !SUPPORTED_MINORS.contains(&(version.major, version.minor)) {
+            return Err(format!(
+                "spec.version {version} is not supported: use one of {supported}"
+            ));
+        }
+        let repository = self
+            .repository
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .unwrap_or(DEFAULT_REPOSITORY);
+        if repository.contains(char::is_whitespace) || repository.contains('@') {
+            return Err(format!(
+                "spec.repository {repository:?} is not an image repository: use e.g. {DEFAULT_REPOSITORY}"
+            ));
+        }
+        if let Some(storage) = &self.storage
+            && storage.size.0.trim().is_empty()
+        {
+            return Err("spec.storage.size is empty: set it, e.g. 1Gi".to_owned());
+        }
+        Ok(ValidSpec {
+            // Checked above: 1 <= size <= MAX_SIZE.
+            size: usize::try_from(self.size).unwrap_or(1),
+            image: format!("{repository}:v{version}"),
+            version,
+            resources: self.pod.as_ref().and_then(|p| p.resources.clone()),
+            storage: self.storage.clone(),
+        })
+    }
+}
+
+/// The CustomResourceDefinition for `EtcdCluster`, for `cargo xtask crdgen` (which writes it
+/// as YAML to `deploy/crds/etcdcluster.yaml`).
+#[cfg(feature = "crd")]
+pub fn custom_resource_definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    EtcdCluster::crd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_with_or_without_v() {
+        let cases = [
+            ("3.6.16", Some((3, 6, 16))),
+            ("v3.5.21", Some((3, 5, 21))),
+            ("3.6.0-rc.1", Some((3, 6, 0))),
+            ("3.6", None),
+            ("latest", None),
+            ("3.6.1.2", None),
+        ];
+        for (text, want) in cases {
+            let got = Version::parse(text).map(|v| (v.major, v.minor, v.patch));
+            assert_eq!(got, want, "{text}");
+        }
+    }
+
+    #[test]
+    fn validation_table() {
+        let base = EtcdClusterSpec {
+            size: 3,
+            version: "3.6.16".into(),
+            ..Default::default()
+        };
+        let cases: Vec<(&str, EtcdClusterSpec, Result<&str, &str>)> = vec![
+            (
+                "classic example",
+                base.clone(),
+                Ok("gcr.io/etcd-development/etcd:v3.6.16"),
+            ),
+            (
+                "leading v and custom repository",
+                EtcdClusterSpec {
+                    version: "v3.5.21".into(),
+                    repository: Some("quay.io/coreos/etcd".into()),
+                    ..base.clone()
+                },
+                Ok("quay.io/coreos/etcd:v3.5.21"),
+            ),
+            (
+                "size 0",
+                EtcdClusterSpec {
+                    size: 0,
+                    ..base.clone()
+                },
+                Err("spec.size is 0"),
+            ),
+            (
+                "size 10",
+                EtcdClusterSpec {
+                    size: 10,
+                    ..base.clone()
+                },
+                Err("spec.size is 10"),
+            ),
+            (
+                "3.4 is unsupported",
+                EtcdClusterSpec {
+                    version: "3.4.30".into(),
+                    ..base.clone()
+                },
+                Err("not supported"),
+            ),
+            (
+                "garbage version",
+                EtcdClusterSpec {
+                    version: "latest".into(),
+                    ..base.clone()
+                },
+                Err("not a version"),
+            ),
+        ];
+        for (name, spec, want) in cases {
+            match (spec.validate(), want) {
+                (Ok(valid), Ok(image)) => assert_eq!(valid.image, image, "{name}"),
+                (Err(msg), Err(part)) => assert!(msg.contains(part), "{name}: {msg}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_classic_example_parses_and_quantities_accept_numbers() {
+        let spec: EtcdClusterSpec = serde_json::from_value(serde_json::json!({
+            "size": 3,
+            "pod": {"resources": {"limits": {"cpu": 1, "memory": "512Mi"}}},
+        }))
+        .expect("parses");
+        assert_eq!(spec.version, DEFAULT_VERSION);
+        let limits = spec
+            .pod
+            .and_then(|p| p.resources)
+            .map(|r| r.limits)
+            .unwrap_or_default();
+        assert_eq!(limits.get("cpu"), Some(&Quantity("1".into())));
+    }
+
+    #[cfg(feature = "crd")]
+    #[test]
+    fn crd_schema_is_structural_enough() {
+        let crd = custom_resource_definition();
+        let json = serde_json::to_string(&crd).expect("serializes");
+        assert!(!json.contains("\"$ref\""), "no references: {json}");
+        assert!(!json.contains("\"oneOf\""), "no oneOf: {json}");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["etcd".to_owned()]));
+        let columns = crd.spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default();
+        let names: Vec<_> = columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["Size", "Ready", "Version", "Phase", "Age"]);
+    }
+}
