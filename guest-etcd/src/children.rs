@@ -282,6 +282,66 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     })
 }
 
+/// An observed member pod re-applied with another image, for a rolling upgrade: kubelet
+/// restarts the container in place and the member keeps its data directory (the volume
+/// outlives the container). Everything else is copied from the observed pod, because a
+/// pod's other fields are immutable and its `--initial-cluster` was what it was at
+/// creation. `None` if the pod has no `etcd` container.
+pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
+    let name = observed["metadata"]["name"].as_str()?;
+    let spec = observed.get("spec")?;
+    let container = spec["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "etcd")?;
+    let mut etcd = json!({"name": "etcd", "image": image});
+    for key in [
+        "command",
+        "args",
+        "env",
+        "ports",
+        "readinessProbe",
+        "resources",
+    ] {
+        if let Some(value) = container.get(key) {
+            etcd[key] = value.clone();
+        }
+    }
+    // Only our own volume: admission adds the service account token volume and mount.
+    let data = |list: &Value| -> Value {
+        Value::Array(
+            list.as_array()
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter(|v| v["name"] == "data")
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    };
+    etcd["volumeMounts"] = data(&container["volumeMounts"]);
+    let mut pod_spec = json!({"containers": [etcd], "volumes": data(&spec["volumes"])});
+    for key in ["hostname", "subdomain", "restartPolicy"] {
+        if let Some(value) = spec.get(key) {
+            pod_spec[key] = value.clone();
+        }
+    }
+    let mut labels = json!({});
+    for key in [LABEL_NAME, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_MEMBER] {
+        if let Some(value) = observed["metadata"]["labels"].get(key) {
+            labels[key] = value.clone();
+        }
+    }
+    Some(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": pod_spec,
+    }))
+}
+
 /// The data claim of a member pod (only with `spec.storage`).
 pub fn member_claim(cluster: &ClusterRef, spec: &ValidSpec, pod: &str) -> Option<Value> {
     let storage = spec.storage.as_ref()?;
@@ -311,6 +371,10 @@ pub struct ObservedPod {
     pub ready: bool,
     /// Whether the pod is being deleted (`metadata.deletionTimestamp` set).
     pub terminating: bool,
+    /// Image of the `etcd` container in the pod's spec.
+    pub image: String,
+    /// The whole pod as observed (to re-apply it with a new image).
+    pub object: Value,
 }
 
 impl ObservedPod {
@@ -343,7 +407,23 @@ struct PodObject {
     #[serde(default)]
     metadata: ObjectMeta,
     #[serde(default)]
+    spec: Option<PodSpec>,
+    #[serde(default)]
     status: Option<PodStatus>,
+}
+
+#[derive(Deserialize, Default)]
+struct PodSpec {
+    #[serde(default)]
+    containers: Vec<Container>,
+}
+
+#[derive(Deserialize)]
+struct Container {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -376,9 +456,19 @@ impl ObservedChildren {
         let mut observed = ObservedChildren::default();
         for child in children {
             if child.kind.is("", "Pod") {
-                let pod: PodObject = serde_json::from_str(&child.object)
+                let object: Value = serde_json::from_str(&child.object)
+                    .map_err(|e| format!("a Pod child is not JSON: {e}"))?;
+                let pod: PodObject = serde_json::from_value(object.clone())
                     .map_err(|e| format!("a Pod child is not a Pod object: {e}"))?;
                 let status = pod.status.unwrap_or_default();
+                let image = pod
+                    .spec
+                    .unwrap_or_default()
+                    .containers
+                    .into_iter()
+                    .find(|c| c.name == "etcd")
+                    .map(|c| c.image)
+                    .unwrap_or_default();
                 observed.pods.push(ObservedPod {
                     ready: status
                         .conditions
@@ -387,6 +477,8 @@ impl ObservedChildren {
                     phase: status.phase,
                     terminating: pod.metadata.deletion_timestamp.is_some(),
                     name: pod.metadata.name,
+                    image,
+                    object,
                 });
             } else if child.kind.is("", "PersistentVolumeClaim") {
                 let claim: AnyObject = serde_json::from_str(&child.object)
@@ -514,6 +606,36 @@ mod tests {
         );
         let claim = member_claim(&c, &s, "ex-0").expect("claim");
         assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+    }
+
+    #[test]
+    fn with_image_keeps_everything_but_the_image() {
+        let c = cluster();
+        let mut pod = member_pod(
+            &c,
+            &spec(false),
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        // What admission adds must not be re-applied.
+        pod["spec"]["volumes"]
+            .as_array_mut()
+            .expect("volumes")
+            .push(json!({"name": "kube-api-access-x", "projected": {}}));
+        let upgraded = with_image(&pod, "repo:v3.6.17").expect("etcd container");
+        assert_eq!(upgraded["spec"]["containers"][0]["image"], "repo:v3.6.17");
+        assert_eq!(
+            upgraded["spec"]["containers"][0]["args"],
+            pod["spec"]["containers"][0]["args"]
+        );
+        assert_eq!(
+            upgraded["spec"]["volumes"].as_array().map(Vec::len),
+            Some(1)
+        );
+        assert_eq!(upgraded["metadata"]["labels"], pod["metadata"]["labels"]);
     }
 
     #[test]

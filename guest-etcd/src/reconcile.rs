@@ -11,6 +11,10 @@
 //!   second member.
 //! - shrink: `member remove`, then delete its pod. A pod without a member (crash after
 //!   `member remove`) is deleted.
+//! - replace: a member whose pod failed or vanished with its emptyDir is removed, then a
+//!   fresh member is added; with persistent storage its pod is recreated on its claim.
+//! - upgrade: one minor at a time, each member restarted in place with the new image,
+//!   followers first and the leader last; downgrades and two-minor jumps are refused.
 //!
 //! These follow etcd's runtime reconfiguration guide
 //! (<https://etcd.io/docs/v3.6/op-guide/runtime-configuration/>): change one member at a
@@ -27,7 +31,7 @@ use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList};
 use crate::protocol::{
     Action, Decision, Event, EventType, FinalizeDecision, Observation, PolicyError, Timestamp,
 };
-use crate::spec::{EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, ValidSpec};
+use crate::spec::{EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, ValidSpec, Version};
 use crate::status::{
     AVAILABLE, ConditionUpdate, DEGRADED, PROGRESSING, already_reported, merge_conditions,
 };
@@ -131,6 +135,7 @@ pub fn reconcile(
         events: Vec::new(),
         progress: None,
         degraded: None,
+        version_blocked: false,
     };
     let view = step.contact(etcd);
     let outcome = match view {
@@ -235,6 +240,9 @@ struct Step<'a> {
     progress: Option<(&'static str, String)>,
     /// What needs a human: (reason, message) of `Degraded=True`.
     degraded: Option<(&'static str, String)>,
+    /// The spec asks for a version change etcd cannot make (downgrade, or more than one
+    /// minor at once): no member is added or upgraded until the spec is fixed.
+    version_blocked: bool,
 }
 
 /// A member and the pod it runs in.
@@ -461,8 +469,42 @@ impl<'a> Step<'a> {
             .map(|s| s.version.clone())
             .filter(|v| !v.is_empty());
         let leader = view.status.as_ref().map(|s| s.leader).unwrap_or(0);
+        if let Some(running) = version.as_deref().and_then(Version::parse) {
+            self.check_version_change(&running);
+        }
         let list = self.membership_step(etcd, &view.contact, view.list, leader);
         Outcome::Reachable { list, version }
+    }
+
+    /// etcd upgrades one minor version at a time and never downgrades
+    /// (<https://etcd.io/docs/v3.6/upgrades/>): refuse anything else.
+    fn check_version_change(&mut self, running: &Version) {
+        let wanted = &self.spec.version;
+        let (from, to) = ((running.major, running.minor), (wanted.major, wanted.minor));
+        let problem = if to < from {
+            Some((
+                "DowngradeNotSupported",
+                format!(
+                    "the cluster runs etcd {running} and spec.version asks for {wanted}: etcd cannot be downgraded to an older minor; set spec.version back to {}.{}.x",
+                    running.major, running.minor
+                ),
+            ))
+        } else if to.0 != from.0 || to.1 > from.1 + 1 {
+            Some((
+                "UnsupportedUpgrade",
+                format!(
+                    "the cluster runs etcd {running} and spec.version asks for {wanted}: etcd upgrades one minor version at a time; set spec.version to {}.{}.x first",
+                    running.major,
+                    running.minor + 1
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            self.degraded = Some(problem);
+            self.version_blocked = true;
+        }
     }
 
     fn membership_step(
@@ -627,6 +669,9 @@ impl<'a> Step<'a> {
                 }
             };
         }
+        if self.version_blocked {
+            return list;
+        }
         if members.len() < size {
             return self.grow(etcd, contact, &list, &members);
         }
@@ -640,8 +685,72 @@ impl<'a> Step<'a> {
                 "WaitingForMembers",
                 format!("members not Ready: {}", not_ready.join(", ")),
             );
+            return list;
         }
+        self.upgrade(etcd, &members, leader);
         list
+    }
+
+    /// Rolling upgrade (or image change): one member at a time, followers first and the
+    /// leader last, each restarted in place with the new image only after every member
+    /// already restarted runs the new version and is Ready.
+    fn upgrade(&mut self, etcd: &mut impl EtcdApi, members: &[MemberInPod], leader: u64) {
+        let image = &self.spec.image;
+        let pods: Vec<(&Member, &ObservedPod)> = members
+            .iter()
+            .filter_map(|m| Some((m.member, self.children.pod(m.pod.as_deref()?)?)))
+            .collect();
+        let mut outdated: Vec<(&Member, &ObservedPod)> = pods
+            .iter()
+            .filter(|(_, p)| &p.image != image)
+            .copied()
+            .collect();
+        if outdated.is_empty() {
+            return;
+        }
+        for (_, pod) in pods.iter().filter(|(_, p)| &p.image == image) {
+            let version = etcd.status(&pod.name).map(|s| s.version);
+            if !pod.ready || version.as_deref().ok() != Some(self.spec.version.text.as_str()) {
+                let seen = match version {
+                    Ok(v) => format!("it runs {v}"),
+                    Err(e) => e.to_string(),
+                };
+                self.progressing(
+                    "Upgrading",
+                    format!(
+                        "waiting for {} to run etcd {} and be Ready ({seen})",
+                        pod.name, self.spec.version
+                    ),
+                );
+                return;
+            }
+        }
+        outdated.sort_by_key(|(m, p)| (m.id == leader, self.cluster.member_index(&p.name)));
+        let Some((_, pod)) = outdated.first() else {
+            return;
+        };
+        match children::with_image(&pod.object, image) {
+            Some(object) => {
+                self.actions.push(Action::Apply(object));
+                self.event(
+                    EventType::Normal,
+                    "MemberUpgrading",
+                    format!("restarting member {} with image {image}", pod.name),
+                );
+                self.progressing(
+                    "Upgrading",
+                    format!(
+                        "restarting {} with image {image}; {} members left",
+                        pod.name,
+                        outdated.len() - 1
+                    ),
+                );
+            }
+            None => self.progressing(
+                "Upgrading",
+                format!("pod {} has no etcd container to upgrade", pod.name),
+            ),
+        }
     }
 
     fn delete_member_pod_only(&mut self, pod: &str) {
@@ -935,7 +1044,8 @@ impl<'a> Step<'a> {
                 degraded.message.clone(),
             );
         }
-        status.phase = Some(if self.degraded.is_some() {
+        let lost = matches!(&self.degraded, Some((reason, _)) if *reason == "ClusterLost" || *reason == "MemberLost");
+        status.phase = Some(if lost {
             Phase::Failed
         } else if status.cluster_id.is_none() {
             Phase::Creating
@@ -951,7 +1061,8 @@ impl<'a> Step<'a> {
             parent.generation,
         );
 
-        let steady = self.progress.is_none() && self.degraded.is_none();
+        // Degraded without progress waits for a human: no point in polling fast.
+        let steady = self.progress.is_none();
         let mut actions = self.actions;
         actions.extend(self.events.into_iter().map(Action::RecordEvent));
         actions.push(Action::SetStatus(

@@ -29,6 +29,8 @@ fn default_version() -> String {
 }
 
 /// Desired state of an etcd cluster.
+// Each printer column repeats `type_ = "string"`, which clippy takes for a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[cfg_attr(
     feature = "crd",

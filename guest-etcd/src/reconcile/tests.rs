@@ -23,6 +23,8 @@ struct FakeEtcd {
     add_refused: bool,
     leader: u64,
     version: &'static str,
+    /// Versions of single members, overriding `version` (during an upgrade).
+    pod_versions: Vec<(&'static str, &'static str)>,
     next_id: u64,
     calls: Vec<String>,
 }
@@ -37,6 +39,7 @@ impl Default for FakeEtcd {
             add_refused: false,
             leader: 1,
             version: "3.6.16",
+            pod_versions: Vec::new(),
             next_id: 100,
             calls: Vec::new(),
         }
@@ -148,8 +151,13 @@ impl EtcdApi for FakeEtcd {
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
         self.calls.push(format!("status {pod}"));
         self.answers(pod)?;
+        let version = self
+            .pod_versions
+            .iter()
+            .find(|(p, _)| *p == pod)
+            .map_or(self.version, |(_, v)| *v);
         Ok(EndpointStatus {
-            version: self.version.to_owned(),
+            version: version.to_owned(),
             member_id: 0,
             leader: self.leader,
             is_learner: false,
@@ -194,15 +202,35 @@ fn unstarted(id: u64, pod: &str) -> Member {
     }
 }
 
+/// An image of the previous minor.
+const OLD: &str = "gcr.io/etcd-development/etcd:v3.5.21";
+
+/// The image of `spec(..)`.
+const IMAGE: &str = "gcr.io/etcd-development/etcd:v3.6.16";
+
+/// A member pod as the plugin builds it, as the API server would return it.
 fn pod_child(name: &str, phase: &str, ready: bool, terminating: bool) -> Child {
-    let mut object = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ns"},
-        "status": {
-            "phase": phase,
-            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
-        },
+    let cluster = ClusterRef {
+        name: "ex".into(),
+        namespace: "ns".into(),
+    };
+    let spec = EtcdClusterSpec {
+        size: 3,
+        version: "3.6.16".into(),
+        ..Default::default()
+    }
+    .validate()
+    .expect("valid");
+    let member = MemberPod {
+        name: name.to_owned(),
+        initial_cluster: vec![(name.to_owned(), cluster.peer_url(name))],
+        state: ClusterState::Existing,
+    };
+    let mut object = children::member_pod(&cluster, &spec, &member);
+    object["metadata"]["namespace"] = json!("ns");
+    object["status"] = json!({
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
     });
     if terminating {
         object["metadata"]["deletionTimestamp"] = json!("2024-05-01T11:59:00Z");
@@ -211,6 +239,14 @@ fn pod_child(name: &str, phase: &str, ready: bool, terminating: bool) -> Child {
         kind: pod_kind(),
         object: object.to_string(),
     }
+}
+
+/// The same pod running another image.
+fn on_image(mut child: Child, image: &str) -> Child {
+    let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    object["spec"]["containers"][0]["image"] = json!(image);
+    child.object = object.to_string();
+    child
 }
 
 fn ready(name: &str) -> Child {
@@ -874,7 +910,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Warning/MemberLost"],
             phase: "Failed",
-            requeue: Some(2_000),
+            requeue: Some(30_000),
             check: no_check,
         },
         Row {
@@ -933,7 +969,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Warning/ClusterLost"],
             phase: "Failed",
-            requeue: Some(2_000),
+            requeue: Some(30_000),
             check: no_check,
         },
         Row {
@@ -959,6 +995,134 @@ fn rows() -> Vec<Row> {
                 let args = pod_args(d, "ex-1");
                 assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
             },
+        },
+        Row {
+            name: "upgrade restarts a follower first, in place with the new image",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    on_image(ready("ex-0"), OLD),
+                    on_image(ready("ex-1"), OLD),
+                    on_image(ready("ex-2"), OLD),
+                ],
+            ),
+            etcd: FakeEtcd {
+                version: "3.5.21",
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &["Pod/ex-1"],
+            deleted: &[],
+            events: &["Normal/MemberUpgrading"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let pod = d.actions.iter().find_map(|a| match a {
+                    Action::Apply(o) if o["kind"] == "Pod" => Some(o.clone()),
+                    _ => None,
+                });
+                let pod = pod.unwrap_or_default();
+                assert_eq!(pod["spec"]["containers"][0]["image"], IMAGE);
+                let args = pod_args(d, "ex-1");
+                assert!(
+                    args.contains(&"--initial-cluster=ex-1=http://ex-1.ex.ns.svc:2380".to_owned()),
+                    "original flags kept: {args:?}"
+                );
+            },
+        },
+        Row {
+            name: "upgrade waits until the restarted member runs the new version",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    on_image(ready("ex-0"), OLD),
+                    ready("ex-1"),
+                    on_image(ready("ex-2"), OLD),
+                ],
+            ),
+            etcd: FakeEtcd {
+                version: "3.5.21",
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "upgrade restarts the leader last",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![on_image(ready("ex-0"), OLD), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd {
+                version: "3.5.21",
+                pod_versions: vec![("ex-1", "3.6.16"), ("ex-2", "3.6.16")],
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &["Pod/ex-0"],
+            deleted: &[],
+            events: &["Normal/MemberUpgrading"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a jump of two minor versions is rejected with Degraded, nothing restarted",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![on_image(
+                    ready("ex-0"),
+                    "gcr.io/etcd-development/etcd:v3.4.30",
+                )],
+            ),
+            etcd: FakeEtcd {
+                version: "3.4.30",
+                ..FakeEtcd::with(vec![voter(1, "ex-0")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/UnsupportedUpgrade"],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: |d, _| {
+                let s = summarize(d);
+                let degraded = condition(&s.status, "Degraded")
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(
+                    degraded["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("3.5.x first"),
+                    "{degraded}"
+                );
+            },
+        },
+        Row {
+            name: "a downgrade is rejected with Degraded and blocks scaling up",
+            observation: observation(
+                json!({"size": 3, "version": "3.5.21"}),
+                Some(recorded(&["ex-0"])),
+                vec![on_image(ready("ex-0"), IMAGE)],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/DowngradeNotSupported"],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: no_check,
         },
         Row {
             name: "size 0 is rejected with InvalidSpec and one event",
