@@ -209,6 +209,14 @@ pub const MEMBER_PROMOTE_PATH: &str = "/v3/cluster/member/promote";
 /// Path of `maintenance status`.
 pub const STATUS_PATH: &str = "/v3/maintenance/status";
 
+/// Body of `member list`: linearizable (etcd 3.5+), so the list goes through the leader and
+/// includes every committed change. A member's local, possibly lagging view could miss a
+/// member just added, and the plugin would take that member's new pod for a stray one.
+/// Without a quorum the list fails, which is the safe answer: nothing then changes.
+pub fn encode_member_list() -> String {
+    json!({"linearizable": true}).to_string()
+}
+
 /// Body of `member add`.
 pub fn encode_member_add(peer_urls: &[String], is_learner: bool) -> String {
     json!({"peerURLs": peer_urls, "isLearner": is_learner}).to_string()
@@ -325,7 +333,7 @@ where
     F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
 {
     fn member_list(&mut self, pod: &str) -> Result<MemberList, EtcdError> {
-        decode_member_list(&self.post(pod, MEMBER_LIST_PATH, "{}".into())?)
+        decode_member_list(&self.post(pod, MEMBER_LIST_PATH, encode_member_list())?)
     }
 
     fn member_add(
@@ -439,9 +447,12 @@ mod tests {
             Ok(ok(r#"{"header":{"cluster_id":"1"},"members":[]}"#))
         });
         api.member_remove("ex-1", 12).expect("ok");
+        api.member_list("ex-0").expect("ok");
         assert_eq!(sent[0].pod, "ex-1");
         assert_eq!(sent[0].port, "client");
         assert_eq!(sent[0].path, MEMBER_REMOVE_PATH);
         assert_eq!(sent[0].body.as_deref(), Some(r#"{"ID":"12"}"#));
+        assert_eq!(sent[1].path, MEMBER_LIST_PATH);
+        assert_eq!(sent[1].body.as_deref(), Some(r#"{"linearizable":true}"#));
     }
 }
