@@ -171,22 +171,13 @@ fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
             message,
         }));
     }
+    // Availability stays as last observed: nothing was checked, and the cluster (if any)
+    // keeps running untouched.
     let mut updates: Vec<ConditionUpdate> = status
         .conditions
         .iter()
-        .filter(|c| c.type_ != DEGRADED && c.type_ != PROGRESSING)
-        .filter_map(|c| {
-            let type_ = match c.type_.as_str() {
-                AVAILABLE => AVAILABLE,
-                _ => return None,
-            };
-            Some(ConditionUpdate::new(
-                type_,
-                c.status == "True",
-                &c.reason,
-                c.message.clone(),
-            ))
-        })
+        .filter(|c| c.type_ == AVAILABLE)
+        .map(|c| ConditionUpdate::new(AVAILABLE, c.status == "True", &c.reason, c.message.clone()))
         .collect();
     updates.push(ConditionUpdate::new(
         PROGRESSING,
