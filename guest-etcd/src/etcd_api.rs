@@ -132,6 +132,9 @@ pub trait EtcdApi {
     fn member_promote(&mut self, pod: &str, id: u64) -> Result<MemberList, EtcdError>;
     /// `maintenance status` of the member serving `pod`.
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError>;
+    /// `move-leader`: asks the leader, served by `pod`, to hand leadership to member
+    /// `target` and waits until it has. etcd refuses it when `pod` is not the leader.
+    fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError>;
 }
 
 fn de_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -208,6 +211,8 @@ pub const MEMBER_REMOVE_PATH: &str = "/v3/cluster/member/remove";
 pub const MEMBER_PROMOTE_PATH: &str = "/v3/cluster/member/promote";
 /// Path of `maintenance status`.
 pub const STATUS_PATH: &str = "/v3/maintenance/status";
+/// Path of `move-leader` (etcd's `MoveLeader` RPC, since 3.3).
+pub const MOVE_LEADER_PATH: &str = "/v3/maintenance/transfer-leadership";
 
 /// Body of `member list`: linearizable (etcd 3.5+), so the list goes through the leader and
 /// includes every committed change. A member's local, possibly lagging view could miss a
@@ -226,6 +231,11 @@ pub fn encode_member_add(peer_urls: &[String], is_learner: bool) -> String {
 /// gateway encodes uint64.
 pub fn encode_member_id(id: u64) -> String {
     json!({"ID": id.to_string()}).to_string()
+}
+
+/// Body of `move-leader`: the transferee's ID as a decimal string.
+pub fn encode_move_leader(target: u64) -> String {
+    json!({"targetID": target.to_string()}).to_string()
 }
 
 /// Turns a non-2xx gateway answer into [`EtcdError::Rejected`]; checks the status first.
@@ -357,6 +367,10 @@ where
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
         decode_status(&self.post(pod, STATUS_PATH, "{}".into())?)
     }
+
+    fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError> {
+        check_status(&self.post(pod, MOVE_LEADER_PATH, encode_move_leader(target))?)
+    }
 }
 
 #[cfg(test)]
@@ -448,11 +462,14 @@ mod tests {
         });
         api.member_remove("ex-1", 12).expect("ok");
         api.member_list("ex-0").expect("ok");
+        api.move_leader("ex-0", 7).expect("ok");
         assert_eq!(sent[0].pod, "ex-1");
         assert_eq!(sent[0].port, "client");
         assert_eq!(sent[0].path, MEMBER_REMOVE_PATH);
         assert_eq!(sent[0].body.as_deref(), Some(r#"{"ID":"12"}"#));
         assert_eq!(sent[1].path, MEMBER_LIST_PATH);
+        assert_eq!(sent[2].path, MOVE_LEADER_PATH);
+        assert_eq!(sent[2].body.as_deref(), Some(r#"{"targetID":"7"}"#));
         assert_eq!(sent[1].body.as_deref(), Some(r#"{"linearizable":true}"#));
     }
 }

@@ -717,9 +717,40 @@ impl<'a> Step<'a> {
             }
         }
         outdated.sort_by_key(|(m, p)| (m.id == leader, self.cluster.member_index(&p.name)));
-        let Some((_, pod)) = outdated.first() else {
+        let Some((member, pod)) = outdated.first() else {
             return;
         };
+        // The leader goes last, and hands leadership to an upgraded member first, so the
+        // cluster does not sit through an election timeout with no leader while it restarts
+        // (etcd's upgrade guide: <https://etcd.io/docs/v3.6/upgrades/upgrade_3_6/>).
+        let transferee = pods
+            .iter()
+            .filter(|(m, p)| &p.image == image && m.id != member.id)
+            .min_by_key(|(_, p)| self.cluster.member_index(&p.name));
+        if member.id == leader
+            && let Some((target, target_pod)) = transferee
+        {
+            match etcd.move_leader(&pod.name, target.id) {
+                Ok(()) => self.event(
+                    EventType::Normal,
+                    "LeaderMoved",
+                    format!(
+                        "moved leadership from {} to {} before restarting it",
+                        pod.name, target_pod.name
+                    ),
+                ),
+                Err(e) => {
+                    self.progressing(
+                        "Upgrading",
+                        format!(
+                            "moving leadership from {} to {} before restarting it failed, retrying: {e}",
+                            pod.name, target_pod.name
+                        ),
+                    );
+                    return;
+                }
+            }
+        }
         match children::with_image(&pod.object, image) {
             Some(object) => {
                 self.actions.push(Action::Apply(object));

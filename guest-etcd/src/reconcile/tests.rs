@@ -21,6 +21,8 @@ struct FakeEtcd {
     promote_refused: bool,
     /// Refuse `member add` (e.g. etcd has no quorum).
     add_refused: bool,
+    /// Refuse `move-leader` (e.g. leadership changed meanwhile).
+    move_leader_refused: bool,
     leader: u64,
     version: &'static str,
     /// Versions of single members, overriding `version` (during an upgrade).
@@ -37,6 +39,7 @@ impl Default for FakeEtcd {
             answering: None,
             promote_refused: false,
             add_refused: false,
+            move_leader_refused: false,
             leader: 1,
             version: "3.6.16",
             pod_versions: Vec::new(),
@@ -146,6 +149,16 @@ impl EtcdApi for FakeEtcd {
             }
         }
         Ok(self.list())
+    }
+
+    fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError> {
+        self.calls.push(format!("move-leader {target}"));
+        self.answers(pod)?;
+        if self.move_leader_refused {
+            return Err(Self::rejected("etcdserver: not leader"));
+        }
+        self.leader = target;
+        Ok(())
     }
 
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
@@ -1055,7 +1068,7 @@ fn rows() -> Vec<Row> {
             check: no_check,
         },
         Row {
-            name: "upgrade restarts the leader last",
+            name: "upgrade restarts the leader last, after moving leadership to an upgraded member",
             observation: observation(
                 spec(3),
                 Some(recorded(&["ex-0", "ex-1", "ex-2"])),
@@ -1066,13 +1079,45 @@ fn rows() -> Vec<Row> {
                 pod_versions: vec![("ex-1", "3.6.16"), ("ex-2", "3.6.16")],
                 ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
             },
-            changes: &[],
+            changes: &["move-leader 2"],
             applied: &["Pod/ex-0"],
             deleted: &[],
-            events: &["Normal/MemberUpgrading"],
+            events: &["Normal/LeaderMoved", "Normal/MemberUpgrading"],
             phase: "Scaling",
             requeue: Some(2_000),
             check: no_check,
+        },
+        Row {
+            name: "upgrade does not restart the leader while moving leadership fails",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![on_image(ready("ex-0"), OLD), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd {
+                version: "3.5.21",
+                pod_versions: vec![("ex-1", "3.6.16"), ("ex-2", "3.6.16")],
+                move_leader_refused: true,
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &["move-leader 2"],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                let progressing = condition(&status, "Progressing")
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(
+                    progressing["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("moving leadership")),
+                    "{progressing}"
+                );
+            },
         },
         Row {
             name: "a jump of two minor versions is rejected with Degraded, nothing restarted",
