@@ -1,1 +1,175 @@
-//! placeholder
+//! A real local Kubernetes control plane and a local pod runner, for end-to-end tests and the demo.
+//!
+//! There is no Docker and no kubelet on the machines policy-host is tested on, so this crate runs
+//! everything as local processes:
+//!
+//! - [`binaries`] finds (or builds once, with `tests/env/build-binaries.sh`) kube-apiserver,
+//!   kube-controller-manager and the etcd versions listed in `tests/env/versions.env`;
+//! - [`control_plane`] starts etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 with
+//!   token auth and RBAC, and writes a kubeconfig;
+//! - [`pod_runner`] is a test kubelet: it registers a Node, binds Pods to it and runs their
+//!   containers as local processes, each Pod on its own loopback IP, with name resolution through
+//!   one hosts file bind-mounted over `/etc/hosts` in a private mount namespace per Pod;
+//! - [`shared`] starts all of that once per test process, on a dedicated thread with its own
+//!   tokio runtime, so that every `#[tokio::test]` (each with a runtime of its own) can use it.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), policy_host_testenv::Error> {
+//! let env = policy_host_testenv::shared().await?;
+//! let client = env.client().await?;
+//! let ns = env.create_namespace("my-test").await?;
+//! // ... create Pods in `ns` with `client`; they run as local processes ...
+//! # let _ = (client, ns);
+//! # Ok(()) }
+//! ```
+
+pub mod binaries;
+pub mod control_plane;
+pub mod pod_runner;
+mod process;
+mod shared;
+
+use std::path::PathBuf;
+
+pub use binaries::Binaries;
+pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use pod_runner::{PodRunner, PodRunnerHandle, PodRunnerOptions};
+pub use shared::{TestEnv, shared, shared_blocking};
+
+/// Everything that can go wrong while finding binaries, starting the control plane or running
+/// Pods. Each message says what was wrong and what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `tests/env/versions.env` could not be read or lacks a variable.
+    #[error(
+        "could not read versions from {path}: {reason}; it must define KUBERNETES_VERSION and ETCD_VERSIONS"
+    )]
+    Versions {
+        /// The versions file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The binaries were missing and `build-binaries.sh` failed to build them.
+    #[error(
+        "building the control-plane binaries failed ({reason}); read the build output above, fix the cause and rerun `tests/env/build-binaries.sh`"
+    )]
+    Build {
+        /// Why the build failed.
+        reason: String,
+    },
+    /// A binary that should exist after the build does not.
+    #[error(
+        "{binary} not found at {path}; run `tests/env/build-binaries.sh` or point KUBEBUILDER_ASSETS at a directory holding it"
+    )]
+    MissingBinary {
+        /// Which binary.
+        binary: String,
+        /// Where it was expected.
+        path: PathBuf,
+    },
+    /// A local file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A control-plane process exited or did not become ready in time.
+    #[error("{component} {problem}; its log is {log}")]
+    ComponentFailed {
+        /// kube-apiserver, etcd, kube-controller-manager.
+        component: String,
+        /// What happened.
+        problem: String,
+        /// Log file of the process, to read for the cause.
+        log: PathBuf,
+    },
+    /// A Kubernetes API call failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The kubeconfig written by the control plane could not be turned into a client config.
+    #[error("could not load kubeconfig {path}: {reason}; delete it and restart the control plane")]
+    Kubeconfig {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A condition waited on did not become true in time.
+    #[error("timed out after {seconds} s waiting for {what}")]
+    Timeout {
+        /// What was waited on.
+        what: String,
+        /// How long it waited.
+        seconds: u64,
+    },
+    /// The Pod asked for is not run by this pod runner.
+    #[error(
+        "pod {namespace}/{name} is not running on this pod runner; wait for it to be bound and started first"
+    )]
+    UnknownPod {
+        /// Namespace of the Pod.
+        namespace: String,
+        /// Name of the Pod.
+        name: String,
+    },
+    /// The per-process shared environment failed to start earlier in this process.
+    #[error("the shared test environment failed to start: {0}")]
+    Shared(String),
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Kube { what, source }
+    }
+}
+
+/// Installs the ring crypto provider for rustls (reqwest is built without one); idempotent.
+pub(crate) fn install_crypto_provider() {
+    // Err only means another provider is already installed, which serves as well.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, for at most `timeout`: the way to wait on a
+/// condition in a test (never a bare sleep). `what` names the condition in the timeout error.
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_owned(),
+                seconds: timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

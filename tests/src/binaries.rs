@@ -1,0 +1,204 @@
+//! Locating the kube-apiserver, kube-controller-manager and etcd binaries, building them once per
+//! process with `tests/env/build-binaries.sh` when they are missing.
+//!
+//! Versions come from `tests/env/versions.env`; the cache is
+//! `${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}/bin`. `KUBEBUILDER_ASSETS`, when set to a
+//! directory holding `kube-apiserver`, takes precedence for kube-apiserver,
+//! kube-controller-manager (if present there) and the control plane's own etcd.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
+
+/// Where every binary the test environment runs lives.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    kubernetes_version: String,
+    etcd_versions: Vec<String>,
+    cache_bin: PathBuf,
+    assets: Option<PathBuf>,
+}
+
+/// The outcome of the one build attempt of this process (errors are kept as text to be shareable).
+static ENSURED: OnceLock<Result<Binaries, String>> = OnceLock::new();
+
+impl Binaries {
+    /// Finds the binaries, building the missing ones with `tests/env/build-binaries.sh` (its
+    /// progress goes to stderr). The build runs at most once per process; later calls return the
+    /// same answer. Blocking: a cold build takes about 20 minutes on 2 cores, a cached run well
+    /// under a second. From async code, call it through `tokio::task::spawn_blocking`.
+    pub fn ensure() -> Result<Binaries> {
+        ENSURED
+            .get_or_init(|| Self::ensure_uncached().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|reason| Error::Build { reason })
+    }
+
+    fn ensure_uncached() -> Result<Binaries> {
+        let binaries = Self::locate()?;
+        if binaries.missing().is_empty() {
+            return Ok(binaries);
+        }
+        let script = env_dir().join("build-binaries.sh");
+        eprintln!(
+            "policy-host-testenv: missing {}; running {} (progress below)",
+            binaries.missing().join(", "),
+            script.display()
+        );
+        // Both streams go to our stderr, so `cargo test` shows the progress of a cold build.
+        let status = Command::new("bash")
+            .arg(&script)
+            .stdout(std::io::stderr())
+            .stderr(Stdio::inherit())
+            .status()
+            .map_err(Error::io(format!("running {}", script.display())))?;
+        if !status.success() {
+            return Err(Error::Build {
+                reason: format!("{} exited with {status}", script.display()),
+            });
+        }
+        match binaries.missing().first() {
+            None => Ok(binaries),
+            Some(missing) => Err(Error::MissingBinary {
+                binary: missing.clone(),
+                path: binaries.cache_bin.clone(),
+            }),
+        }
+    }
+
+    /// Reads the versions and the environment without checking or building anything.
+    pub fn locate() -> Result<Binaries> {
+        let path = env_dir().join("versions.env");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Versions {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let var = |name: &str| {
+            text.lines()
+                .filter_map(|line| line.trim().strip_prefix(name)?.strip_prefix('='))
+                .map(|value| value.trim().trim_matches('"').trim_matches('\'').to_owned())
+                .next_back()
+                .ok_or_else(|| Error::Versions {
+                    path: path.clone(),
+                    reason: format!("{name} is not set"),
+                })
+        };
+        let kubernetes_version = var("KUBERNETES_VERSION")?;
+        let etcd_versions: Vec<String> = var("ETCD_VERSIONS")?
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        if etcd_versions.is_empty() {
+            return Err(Error::Versions {
+                path,
+                reason: "ETCD_VERSIONS is empty".into(),
+            });
+        }
+        let cache = match std::env::var_os("POLICY_HOST_CACHE") {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"))
+                .join(".cache/policy-host"),
+        };
+        let assets = std::env::var_os("KUBEBUILDER_ASSETS")
+            .map(PathBuf::from)
+            .filter(|dir| dir.join("kube-apiserver").is_file());
+        Ok(Binaries {
+            kubernetes_version,
+            etcd_versions,
+            cache_bin: cache.join("bin"),
+            assets,
+        })
+    }
+
+    /// Names of the binaries not present yet.
+    fn missing(&self) -> Vec<String> {
+        let mut missing = Vec::new();
+        for path in [self.kube_apiserver(), self.kube_controller_manager()] {
+            if !path.is_file() {
+                missing.push(path.display().to_string());
+            }
+        }
+        for version in &self.etcd_versions {
+            let dir = self.cache_bin.join(format!("etcd-{version}"));
+            for name in ["etcd", "etcdctl", "etcdutl"] {
+                if !dir.join(name).is_file() {
+                    missing.push(dir.join(name).display().to_string());
+                }
+            }
+        }
+        missing
+    }
+
+    fn kubernetes_dir(&self) -> PathBuf {
+        self.cache_bin
+            .join(format!("kubernetes-{}", self.kubernetes_version))
+    }
+
+    /// The Kubernetes version of kube-apiserver and kube-controller-manager (`v1.36.3`).
+    pub fn kubernetes_version(&self) -> &str {
+        &self.kubernetes_version
+    }
+
+    /// Path of kube-apiserver.
+    pub fn kube_apiserver(&self) -> PathBuf {
+        match &self.assets {
+            Some(dir) => dir.join("kube-apiserver"),
+            None => self.kubernetes_dir().join("kube-apiserver"),
+        }
+    }
+
+    /// Path of kube-controller-manager (from `KUBEBUILDER_ASSETS` if it holds one).
+    pub fn kube_controller_manager(&self) -> PathBuf {
+        match &self.assets {
+            Some(dir) if dir.join("kube-controller-manager").is_file() => {
+                dir.join("kube-controller-manager")
+            }
+            _ => self.kubernetes_dir().join("kube-controller-manager"),
+        }
+    }
+
+    /// Path of the etcd the control plane stores its own data in: `KUBEBUILDER_ASSETS/etcd` if
+    /// present, else the default version's.
+    pub fn control_plane_etcd(&self) -> PathBuf {
+        match &self.assets {
+            Some(dir) if dir.join("etcd").is_file() => dir.join("etcd"),
+            _ => self
+                .cache_bin
+                .join(format!("etcd-{}", self.default_etcd_version()))
+                .join("etcd"),
+        }
+    }
+
+    /// Directory holding `etcd`, `etcdctl` and `etcdutl` of `version` (`v3.6.16`; `3.6.16` is
+    /// accepted too), if that version is listed in versions.env and built.
+    pub fn etcd_dir(&self, version: &str) -> Option<PathBuf> {
+        let version = format!("v{}", version.trim_start_matches('v'));
+        if !self.etcd_versions.contains(&version) {
+            return None;
+        }
+        let dir = self.cache_bin.join(format!("etcd-{version}"));
+        dir.join("etcd").is_file().then_some(dir)
+    }
+
+    /// The etcd versions available, in the order of versions.env.
+    pub fn etcd_versions(&self) -> &[String] {
+        &self.etcd_versions
+    }
+
+    /// The first etcd version of versions.env: the control plane's own, and the one tests use
+    /// unless they ask for another.
+    pub fn default_etcd_version(&self) -> &str {
+        // `locate` refuses an empty list.
+        self.etcd_versions.first().map_or("v3.6.16", String::as_str)
+    }
+}
+
+/// `tests/env` of this crate's source tree.
+fn env_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("env"))
+}

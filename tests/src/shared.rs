@@ -1,0 +1,212 @@
+//! The per-process shared test environment: one control plane and one pod runner, started on
+//! first use on a dedicated thread with its own tokio runtime.
+//!
+//! Why a thread of its own: every `#[tokio::test]` has a runtime that dies with the test, and
+//! anything shared (watchers, container supervisors, the processes' parent thread for
+//! `PR_SET_PDEATHSIG`) must outlive all tests. Tests talk to it only through the API server,
+//! files, and the runtime-agnostic [`PodRunnerHandle`].
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+
+use crate::control_plane::{client_from, kube_config_from, random_hex};
+use crate::{
+    Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle,
+    PodRunnerOptions, Result,
+};
+
+/// The shared environment of a test process. Get it with [`shared`].
+#[derive(Debug)]
+pub struct TestEnv {
+    binaries: Binaries,
+    kubeconfig: PathBuf,
+    server: String,
+    dir: PathBuf,
+    logs: Vec<(String, PathBuf)>,
+    runner: PodRunnerHandle,
+    setup_time: Duration,
+}
+
+static SHARED: OnceLock<Result<TestEnv, String>> = OnceLock::new();
+
+/// The shared environment, started on first call (binaries ensured — built if missing —,
+/// control plane and pod runner started; about 10 s with cached binaries). Later calls, from any
+/// test and runtime, return the same environment, or the same startup error.
+pub async fn shared() -> Result<&'static TestEnv> {
+    if let Some(ready) = SHARED.get() {
+        return ready.as_ref().map_err(|e| Error::Shared(e.clone()));
+    }
+    tokio::task::spawn_blocking(shared_blocking)
+        .await
+        .map_err(|e| Error::Shared(format!("the startup task panicked: {e}")))?
+}
+
+/// [`shared`] for code outside a runtime; blocks until the environment is up.
+pub fn shared_blocking() -> Result<&'static TestEnv> {
+    SHARED
+        .get_or_init(start)
+        .as_ref()
+        .map_err(|e| Error::Shared(e.clone()))
+}
+
+fn start() -> Result<TestEnv, String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("policy-host-testenv".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = sender.send(Err(format!("building its tokio runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let started = Instant::now();
+                match start_on_this_thread().await {
+                    Ok((plane, runner, binaries)) => {
+                        let env = TestEnv {
+                            binaries,
+                            kubeconfig: plane.kubeconfig_path().to_owned(),
+                            server: plane.server_url().to_owned(),
+                            dir: plane.dir().to_owned(),
+                            logs: plane.log_paths(),
+                            runner: runner.handle(),
+                            setup_time: started.elapsed(),
+                        };
+                        eprintln!(
+                            "policy-host-testenv: control plane {} and pod runner up in {:.1} s (files in {})",
+                            env.server,
+                            env.setup_time.as_secs_f64(),
+                            env.dir.display()
+                        );
+                        let _ = sender.send(Ok(env));
+                        // Lives as long as the process; the kernel ends the children with it.
+                        let _keep = (plane, runner);
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = sender.send(Err(e.to_string()));
+                    }
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        return Err(format!("could not spawn its thread: {e}"));
+    }
+    receiver
+        .recv()
+        .map_err(|_| "its thread ended before reporting".to_owned())?
+}
+
+async fn start_on_this_thread() -> Result<(ControlPlane, PodRunner, Binaries)> {
+    // Blocking, but this thread has nothing else to do yet.
+    let binaries = Binaries::ensure()?;
+    let plane = ControlPlane::start(&binaries, ControlPlaneOptions::default()).await?;
+    let client = plane.client().await?;
+    let runner = PodRunner::start(
+        client,
+        binaries.clone(),
+        PodRunnerOptions {
+            dir: Some(plane.dir().join("runner")),
+            ..PodRunnerOptions::default()
+        },
+    )
+    .await?;
+    Ok((plane, runner, binaries))
+}
+
+impl TestEnv {
+    /// The kubeconfig (admin token, TLS verification off), for kubectl or other processes.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The apiserver URL.
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
+    /// The binaries in use.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// The directory of the control plane's data and logs (the pod runner's is `runner/` in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Log files of etcd, kube-apiserver and kube-controller-manager.
+    pub fn control_plane_logs(&self) -> &[(String, PathBuf)] {
+        &self.logs
+    }
+
+    /// How long the first [`shared`] call took to bring everything up.
+    pub fn setup_time(&self) -> Duration {
+        self.setup_time
+    }
+
+    /// The pod runner: test hooks (`kill_pod`, `fail_pod`, `pod_ip`) and log paths.
+    pub fn pod_runner(&self) -> &PodRunnerHandle {
+        &self.runner
+    }
+
+    /// A kube-rs config for the admin user.
+    pub async fn kube_config(&self) -> Result<kube::Config> {
+        kube_config_from(&self.kubeconfig).await
+    }
+
+    /// A new admin client in the caller's runtime (create one per test).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
+    /// ServiceAccount exists (Pod admission refuses Pods before that). Returns the name.
+    pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let clean: String = prefix
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(40)
+            .collect();
+        let name = format!(
+            "{}-{}{}",
+            clean.trim_matches('-'),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            random_hex(3)?
+        );
+        let client = self.client().await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map_err(Error::kube(format!("creating namespace {name}")))?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+        crate::wait_for(
+            &format!("the default ServiceAccount of namespace {name} (created by kube-controller-manager)"),
+            Duration::from_secs(60),
+            || async { accounts.get_opt("default").await.ok().flatten() },
+        )
+        .await?;
+        Ok(name)
+    }
+}
