@@ -161,6 +161,16 @@ impl Binaries {
         }
     }
 
+    /// Path of kubectl: the one built beside kube-apiserver if present, else `kubectl` from PATH.
+    pub fn kubectl(&self) -> PathBuf {
+        let built = self.kubernetes_dir().join("kubectl");
+        if built.is_file() {
+            built
+        } else {
+            PathBuf::from("kubectl")
+        }
+    }
+
     /// Path of the etcd the control plane stores its own data in: `KUBEBUILDER_ASSETS/etcd` if
     /// present, else the default version's.
     pub fn control_plane_etcd(&self) -> PathBuf {

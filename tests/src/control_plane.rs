@@ -269,6 +269,20 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Starts a pod runner against this control plane, with its files in `runner/` of
+    /// [`ControlPlane::dir`], on the current runtime (see [`crate::PodRunner::start`]).
+    pub async fn run_pods(&self, binaries: Binaries) -> Result<crate::PodRunner> {
+        crate::PodRunner::start(
+            self.client().await?,
+            binaries,
+            crate::PodRunnerOptions {
+                dir: Some(self.dir.join("runner")),
+                ..crate::PodRunnerOptions::default()
+            },
+        )
+        .await
+    }
+
     /// A kube-rs config for the admin user.
     pub async fn kube_config(&self) -> Result<kube::Config> {
         kube_config_from(&self.kubeconfig).await

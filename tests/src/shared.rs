@@ -17,8 +17,7 @@ use kube::api::{ObjectMeta, PostParams};
 
 use crate::control_plane::{client_from, kube_config_from, random_hex};
 use crate::{
-    Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle,
-    PodRunnerOptions, Result,
+    Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle, Result,
 };
 
 /// The shared environment of a test process. Get it with [`shared`].
@@ -112,16 +111,7 @@ async fn start_on_this_thread() -> Result<(ControlPlane, PodRunner, Binaries)> {
     // Blocking, but this thread has nothing else to do yet.
     let binaries = Binaries::ensure()?;
     let plane = ControlPlane::start(&binaries, ControlPlaneOptions::default()).await?;
-    let client = plane.client().await?;
-    let runner = PodRunner::start(
-        client,
-        binaries.clone(),
-        PodRunnerOptions {
-            dir: Some(plane.dir().join("runner")),
-            ..PodRunnerOptions::default()
-        },
-    )
-    .await?;
+    let runner = plane.run_pods(binaries.clone()).await?;
     Ok((plane, runner, binaries))
 }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Service};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -492,6 +493,124 @@ async fn owned_objects_are_garbage_collected() -> Result<()> {
                 .ok()
                 .and_then(|c| c.is_none().then_some(()))
         },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_replacement()
+-> Result<()> {
+    let env = shared().await?;
+    let ns = env.create_namespace("etcd-cluster").await?;
+    let client = env.client().await?;
+    let version = "v3.5.35";
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    services
+        .create(
+            &PostParams::default(),
+            &from_json(serde_json::json!({
+                "metadata": {"name": "etcd"},
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": true, "selector": {"app": "etcd"}, "ports": [{"name": "peer", "port": 2380}]},
+            }))?,
+        )
+        .await?;
+    let peers: Vec<String> = (0..3)
+        .map(|i| format!("etcd-{i}=http://etcd-{i}.etcd.{ns}.svc:2380"))
+        .collect();
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    statefulsets
+        .create(
+            &PostParams::default(),
+            &from_json(serde_json::json!({
+                "metadata": {"name": "etcd"},
+                "spec": {
+                    "serviceName": "etcd", "replicas": 3, "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": {"app": "etcd"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "etcd"}},
+                        "spec": {"containers": [{
+                            "name": "etcd", "image": format!("registry.k8s.io/etcd:{}-0", version.trim_start_matches('v')),
+                            "command": ["etcd"],
+                            "args": [
+                                "--name=$(POD_NAME)", "--data-dir=/var/lib/etcd/data",
+                                "--listen-client-urls=http://0.0.0.0:2379",
+                                "--advertise-client-urls=http://$(POD_NAME).etcd.$(POD_NAMESPACE).svc:2379",
+                                "--listen-peer-urls=http://0.0.0.0:2380",
+                                "--initial-advertise-peer-urls=http://$(POD_NAME).etcd.$(POD_NAMESPACE).svc:2380",
+                                format!("--initial-cluster={}", peers.join(",")),
+                                "--initial-cluster-state=new",
+                            ],
+                            "env": [
+                                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                            ],
+                            "readinessProbe": {"exec": {"command": ["etcdctl", "endpoint", "health"]}, "periodSeconds": 2},
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                        }]},
+                    },
+                    "volumeClaimTemplates": [{
+                        "metadata": {"name": "data"},
+                        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                    }],
+                }
+            }))?,
+        )
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    for i in 0..3 {
+        wait_pod(
+            env,
+            &pods,
+            &format!("etcd-{i}"),
+            "member ready",
+            Duration::from_secs(120),
+            |p| condition(p, "Ready"),
+        )
+        .await?;
+    }
+    let etcdctl = env
+        .binaries()
+        .etcd_dir(version)
+        .context("etcd not built")?
+        .join("etcdctl");
+    let cluster_health = || async {
+        let ip = env.pod_runner().pod_ip(&ns, "etcd-0").await?;
+        // Members advertise DNS names: resolve them as a Pod would.
+        let output = env
+            .pod_runner()
+            .cluster_command(&etcdctl)
+            .args([
+                &format!("--endpoints=http://{ip}:2379"),
+                "endpoint",
+                "health",
+                "--cluster",
+            ])
+            .output()
+            .await
+            .ok()?;
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        (output.status.success() && text.matches("is healthy").count() == 3).then_some(text)
+    };
+    wait_for("3 healthy members", Duration::from_secs(60), cluster_health).await?;
+
+    // Replace a member: a new Pod (new uid, new IP) on the same claim rejoins under its name.
+    let old = pods.get("etcd-1").await?;
+    pods.delete("etcd-1", &DeleteParams::default()).await?;
+    let old_uid = old.metadata.uid.clone();
+    wait_pod(
+        env,
+        &pods,
+        "etcd-1",
+        "the replacement to be ready",
+        Duration::from_secs(120),
+        |p| p.metadata.uid != old_uid && condition(p, "Ready"),
+    )
+    .await?;
+    wait_for(
+        "3 healthy members after the replacement",
+        Duration::from_secs(60),
+        cluster_health,
     )
     .await?;
     Ok(())

@@ -10,8 +10,13 @@
 //!
 //! Images map to programs: `etcd` or `*/etcd` with tag `v3.x.y` runs the cached etcd of that
 //! version (PATH starts with its directory, and `command[0]` is resolved there by basename);
-//! every other image runs its `command` with the machine's programs. All Pods share the
-//! machine's network namespace, so `0.0.0.0` in commands and env values is narrowed to the Pod IP.
+//! every other image runs its `command` with the machine's programs.
+//!
+//! All Pods share the machine's network namespace, so what is pod-local in Kubernetes is the Pod
+//! IP here: `0.0.0.0`, `127.0.0.1` and `localhost` URL hosts in commands, args, env values and
+//! exec probes become the Pod IP (and a list naming it twice keeps it once); probes aimed at a
+//! loopback host probe the Pod IP; etcd images get `ETCDCTL_ENDPOINTS=http://<pod IP>:2379`
+//! unless they set it, since etcdctl's default endpoint is 127.0.0.1.
 //!
 //! Limits, by design: no resource limits, no image pulls, no network isolation, no service
 //! account tokens (the token volume is an empty directory), probes' timeouts at least 2 s.
@@ -251,6 +256,25 @@ impl PodRunnerHandle {
     /// The hosts file every Pod sees as `/etc/hosts`.
     pub fn hosts_file(&self) -> &Path {
         &self.runner.hosts_path
+    }
+
+    /// A command that runs `program` on the machine but resolves names like a Pod does (the
+    /// runner's hosts file over `/etc/hosts`, in a private mount namespace): for example
+    /// `etcdctl endpoint health --cluster` against members that advertise DNS names. Add
+    /// arguments with `.arg(...)`; the command dies with the thread that spawns it.
+    pub fn cluster_command(&self, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+        let script = format!(
+            "mount --bind {} /etc/hosts && exec \"$@\"",
+            spec::shell_quote(&self.runner.hosts_path.display().to_string())
+        );
+        let mut command = tokio::process::Command::new("setpriv");
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .args(["unshare", "--mount", "--propagation", "private", "--"])
+            .args(["sh", "-c", &script, "sh"])
+            .arg(program)
+            .kill_on_drop(true);
+        command
     }
 
     /// Log file of a container (stdout and stderr, appended across restarts).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::spec::{Image, path_var, resolve_program};
+use super::spec::{Image, path_var, pod_local, resolve_program};
 
 /// What a probe needs to know about the running container.
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ pub(crate) async fn check(probe: &Probe, target: &ProbeTarget, timeout: Duration
             Some("HTTPS") => "https",
             _ => "http",
         };
-        let host = http.host.clone().unwrap_or_else(|| target.ip.to_string());
+        let host = pod_host(http.host.as_deref(), target.ip);
         let path = http.path.clone().unwrap_or_else(|| "/".into());
         let mut request = target
             .http
@@ -96,7 +96,7 @@ pub(crate) async fn check(probe: &Probe, target: &ProbeTarget, timeout: Duration
         let Some(port) = port_number(&tcp.port, &target.container) else {
             return false;
         };
-        let host = tcp.host.clone().unwrap_or_else(|| target.ip.to_string());
+        let host = pod_host(tcp.host.as_deref(), target.ip);
         return tcp_connect(&host, port, timeout).await;
     }
     if let Some(grpc) = &probe.grpc {
@@ -109,6 +109,9 @@ pub(crate) async fn check(probe: &Probe, target: &ProbeTarget, timeout: Duration
         let mut argv = exec.command.clone().unwrap_or_default();
         if argv.is_empty() {
             return false;
+        }
+        for arg in &mut argv {
+            *arg = pod_local(arg, target.ip);
         }
         resolve_program(&mut argv, &target.image);
         // The probe sees the container's mounts (its /etc/hosts, its volumes) and environment.
@@ -135,6 +138,15 @@ pub(crate) async fn check(probe: &Probe, target: &ProbeTarget, timeout: Duration
     }
     // A probe with no handler: nothing to check.
     true
+}
+
+/// The host a probe connects to: the Pod IP unless another host is named (a loopback host
+/// means the Pod itself, see [`pod_local`]).
+fn pod_host(host: Option<&str>, ip: Ipv4Addr) -> String {
+    match host {
+        None | Some("" | "localhost" | "127.0.0.1" | "0.0.0.0") => ip.to_string(),
+        Some(host) => host.to_owned(),
+    }
 }
 
 async fn tcp_connect(host: &str, port: u16, timeout: Duration) -> bool {

@@ -83,10 +83,27 @@ pub(crate) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// Pods share the machine's network namespace; a wildcard listener would take the port on every
-/// pod IP at once, so it is narrowed to the pod's own IP.
-pub(crate) fn narrow_wildcard(value: &str, ip: Ipv4Addr) -> String {
-    value.replace("0.0.0.0", &ip.to_string())
+/// Pods share the machine's network namespace, so a Pod's own "everywhere" and "loopback" are
+/// its IP: `0.0.0.0`, `127.0.0.1` and a `localhost` URL host become the Pod IP (otherwise two
+/// Pods would take the same port), and a comma-separated list that then names an address twice
+/// (`http://127.0.0.1:2379,http://$(POD_IP):2379`) keeps it once.
+pub(crate) fn pod_local(value: &str, ip: Ipv4Addr) -> String {
+    let ip = ip.to_string();
+    let replaced = value
+        .replace("0.0.0.0", &ip)
+        .replace("127.0.0.1", &ip)
+        .replace("://localhost:", &format!("://{ip}:"))
+        .replace("://localhost/", &format!("://{ip}/"));
+    if replaced == value || !replaced.contains(',') {
+        return replaced;
+    }
+    let mut seen = Vec::new();
+    for part in replaced.split(',') {
+        if !seen.contains(&part) {
+            seen.push(part);
+        }
+    }
+    seen.join(",")
 }
 
 /// Reads one field of the Pod for `valueFrom.fieldRef`.
@@ -217,10 +234,19 @@ pub(crate) async fn environment(
             Some(String::new())
         };
         if let Some(value) = value {
-            vars.insert(var.name.clone(), narrow_wildcard(&value, ip));
+            vars.insert(var.name.clone(), pod_local(&value, ip));
         }
     }
     Ok(vars)
+}
+
+/// Environment every container of `image` gets unless it sets it itself: etcdctl's default
+/// endpoint is 127.0.0.1:2379, which here is not the Pod (see [`pod_local`]).
+pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String)> {
+    match image {
+        Image::Etcd(_) => vec![("ETCDCTL_ENDPOINTS".to_owned(), format!("http://{ip}:2379"))],
+        Image::Host => Vec::new(),
+    }
 }
 
 /// The `PATH` of a container: the image's programs first, then the machine's.
@@ -258,7 +284,7 @@ pub(crate) fn argv(
     argv.extend(container.args.clone().unwrap_or_default());
     let mut argv: Vec<String> = argv
         .iter()
-        .map(|a| narrow_wildcard(&expand(a, vars), ip))
+        .map(|a| pod_local(&expand(a, vars), ip))
         .collect();
     resolve_program(&mut argv, image);
     Ok(argv)
@@ -345,6 +371,26 @@ mod tests {
             ("$", "$"),
         ] {
             assert_eq!(expand(input, &vars), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn pod_local_addresses_become_the_pod_ip() {
+        let ip = Ipv4Addr::new(127, 10, 0, 2);
+        for (input, expected) in [
+            ("http://0.0.0.0:2379", "http://127.10.0.2:2379"),
+            (
+                "http://127.0.0.1:2379,http://127.10.0.2:2379",
+                "http://127.10.0.2:2379",
+            ),
+            (
+                "http://localhost:2381/health",
+                "http://127.10.0.2:2381/health",
+            ),
+            ("a,b,a", "a,b,a"),
+            ("echo localhost", "echo localhost"),
+        ] {
+            assert_eq!(pod_local(input, ip), expected, "{input}");
         }
     }
 

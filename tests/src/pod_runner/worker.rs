@@ -568,10 +568,34 @@ async fn prepare_process(
 ) -> Result<(tokio::process::Command, BTreeMap<String, String>), NotStartable> {
     let runner = &context.runner;
     let pod = &context.pod;
-    let env = spec::environment(&runner.client, pod, container, context.ip).await?;
+    let mut env = spec::environment(&runner.client, pod, container, context.ip).await?;
+    for (name, value) in spec::image_defaults(image, context.ip) {
+        env.entry(name).or_insert(value);
+    }
     let argv = spec::argv(container, image, &env, context.ip)?;
     let mut mounts = Vec::new();
+    // The service-account volume has no token in it here (no kubelet to mint one): mounting it
+    // would only create /var/run/secrets/... on the machine, so it is skipped.
+    let token_volumes: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| {
+            v.projected.as_ref().is_some_and(|p| {
+                p.sources
+                    .iter()
+                    .flatten()
+                    .any(|s| s.service_account_token.is_some())
+            })
+        })
+        .map(|v| v.name.as_str())
+        .collect();
     for mount in container.volume_mounts.iter().flatten() {
+        if token_volumes.contains(&mount.name.as_str())
+            && !std::path::Path::new(&mount.mount_path).exists()
+        {
+            continue;
+        }
         let Some(source) = volumes.get(&mount.name) else {
             return Err(NotStartable {
                 reason: "CreateContainerConfigError",
