@@ -22,6 +22,21 @@
 //! # let _ = (client, ns);
 //! # Ok(()) }
 //! ```
+//!
+//! Where the caller owns the lifetime (the demo), compose the parts on a long-lived runtime:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), policy_host_testenv::Error> {
+//! use policy_host_testenv::{Binaries, ControlPlane, ControlPlaneOptions};
+//! let binaries = tokio::task::spawn_blocking(Binaries::ensure).await.expect("no panic")?;
+//! let options = ControlPlaneOptions { dir: Some("/tmp/demo".into()), ..Default::default() };
+//! let plane = ControlPlane::start(&binaries, options).await?;
+//! let runner = plane.run_pods(binaries.clone()).await?;
+//! println!("export KUBECONFIG={}", plane.kubeconfig_path().display());
+//! // ... both stop (processes killed) when dropped ...
+//! # drop((runner, plane));
+//! # Ok(()) }
+//! ```
 
 pub mod binaries;
 pub mod control_plane;

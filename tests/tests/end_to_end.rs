@@ -615,3 +615,31 @@ async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_repl
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_failing_liveness_probe_restarts_the_container() -> Result<()> {
+    let env = shared().await?;
+    let ns = env.create_namespace("liveness").await?;
+    let pods: Api<Pod> = Api::namespaced(env.client().await?, &ns);
+    create_pod(
+        &pods,
+        serde_json::json!({
+            "metadata": {"name": "unhealthy"},
+            "spec": {"containers": [{
+                "name": "main", "image": "busybox", "command": ["sleep", "3600"],
+                "livenessProbe": {"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 2},
+            }]},
+        }),
+    )
+    .await?;
+    wait_pod(
+        env,
+        &pods,
+        "unhealthy",
+        "a liveness restart",
+        Duration::from_secs(60),
+        |p| restart_count(p) >= 1,
+    )
+    .await?;
+    Ok(())
+}
