@@ -1,4 +1,9 @@
-//! The admin HTTP endpoint: `/healthz`, `/readyz` and `/metrics`.
+//! The admin HTTP endpoint: `/healthz`, `/readyz`, `/metrics` and `/plugins`.
+//!
+//! `/plugins` lists the loaded plugins as JSON, one object per plugin:
+//! `name`, `version`, `sha256` (of the component), `target` (`plural.group/version`),
+//! `children`, `source` (`file <path>` or `configmap <namespace>/<name>`), `since` (RFC 3339,
+//! when this version was loaded), `grants.appCall`, `limits` and `concurrency`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,6 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 
 use crate::metrics::Metrics;
+use crate::policy_store::{LoadedPolicy, PolicyStore};
 
 /// Whether the host has loaded its policies and started their controllers.
 #[derive(Clone, Default)]
@@ -31,6 +37,7 @@ impl Readiness {
 struct AdminState {
     metrics: Metrics,
     readiness: Readiness,
+    store: PolicyStore,
 }
 
 /// Binds the admin endpoint; returns the bound address and the server future.
@@ -38,12 +45,21 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Metrics,
     readiness: Readiness,
-) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = std::io::Result<()>>)> {
+    store: PolicyStore,
+) -> std::io::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = std::io::Result<()>>,
+)> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(AdminState { metrics, readiness });
+        .route("/plugins", get(plugins_json))
+        .with_state(AdminState {
+            metrics,
+            readiness,
+            store,
+        });
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     Ok((bound, async move { axum::serve(listener, app).await }))
@@ -57,9 +73,51 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
     }
 }
 
-async fn metrics_text(State(state): State<AdminState>) -> ([(&'static str, &'static str); 1], String) {
+async fn metrics_text(
+    State(state): State<AdminState>,
+) -> ([(&'static str, &'static str); 1], String) {
     (
         [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
         state.metrics.render(),
     )
+}
+
+async fn plugins_json(
+    State(state): State<AdminState>,
+) -> ([(&'static str, &'static str); 1], String) {
+    let plugins: Vec<serde_json::Value> = state
+        .store
+        .list()
+        .iter()
+        .map(|p| describe(p.as_ref()))
+        .collect();
+    (
+        [("content-type", "application/json")],
+        serde_json::Value::Array(plugins).to_string(),
+    )
+}
+
+/// The `/plugins` entry of one loaded plugin.
+pub fn describe(policy: &LoadedPolicy) -> serde_json::Value {
+    let info = policy.plugin.info();
+    let limits = policy.plugin.limits();
+    let since = k8s_openapi::jiff::Timestamp::try_from(policy.loaded_at)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    serde_json::json!({
+        "name": info.name,
+        "version": info.version,
+        "sha256": policy.plugin.content_sha256(),
+        "target": info.target.to_string(),
+        "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        "source": policy.source,
+        "since": since,
+        "grants": { "appCall": policy.grants.app_call_ports },
+        "limits": {
+            "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
+            "memoryMiB": limits.memory_bytes >> 20,
+            "outputKiB": limits.output_bytes >> 10,
+        },
+        "concurrency": policy.concurrency,
+    })
 }

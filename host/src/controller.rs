@@ -135,11 +135,14 @@ pub async fn run(
 
     let mut controller =
         Controller::new_with(parents, watcher::Config::default(), parent_resource.clone())
-        .with_config(ControllerConfig::default().concurrency(options.concurrency));
+        .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        // A newly loaded version decides for every parent at once (hot swap).
+        .reconcile_all_on(store.replacements(&policy));
     let mut caches = Vec::new();
     for kind in &info.children {
         let resource = api_resource(kind);
-        let (reader, writer) = reflector::store_with(resource.clone());
+        let writer = reflector::store::Writer::new(resource.clone());
+        let reader = writer.as_reader();
         let children = scoped_api(&client, &resource, namespace);
         let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}={policy}"));
         let stream = watcher(children, config)

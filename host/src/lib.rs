@@ -9,16 +9,21 @@
 //! - [`act`] — the decision becomes server-side applies, deletes, status and Events.
 //!
 //! Plugins reach the outside only through [`app_call`]. Loading is a separate concern:
-//! [`policy_store`] holds what is loaded and swaps it atomically.
+//! [`load`] turns files and labelled ConfigMaps into checked, compiled plugins,
+//! [`policy_store`] holds what is loaded and swaps it atomically, and [`supervisor`] keeps one
+//! controller running per loaded policy.
 
 pub mod act;
 pub mod admin;
 pub mod app_call;
 pub mod controller;
 pub mod decide;
+pub mod load;
 pub mod metrics;
 pub mod observe;
+pub mod plugin_cli;
 pub mod policy_store;
+pub mod supervisor;
 pub mod telemetry;
 
 use std::net::SocketAddr;
@@ -30,8 +35,12 @@ use kube::Client;
 use crate::admin::Readiness;
 use crate::controller::ControllerOptions;
 use crate::decide::{Limits, Sandbox};
+use crate::load::artifact_cache::ArtifactCache;
+use crate::load::config_maps::ConfigMapSource;
+use crate::load::pack::PackDefaults;
+use crate::load::{LoadError, PluginLoader};
 use crate::metrics::Metrics;
-use crate::policy_store::{LoadError, PolicyStore};
+use crate::policy_store::PolicyStore;
 
 /// Why the host could not run.
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +75,14 @@ pub enum HostError {
 /// How to run the host.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Plugin files to load at start.
+    /// Plugin files to load at start (granted what they ask for).
     pub policy_files: Vec<PathBuf>,
-    /// Limits every plugin runs under.
+    /// Watch plugin ConfigMaps (label `policy-host.io/plugin=true`) in this namespace
+    /// (`None`: load only `policy_files`).
+    pub plugin_namespace: Option<String>,
+    /// Where compiled plugins are cached across loads and restarts (`None`: no cache).
+    pub artifact_cache: Option<PathBuf>,
+    /// Limits every plugin file runs under, and the defaults of ConfigMap plugins.
     pub limits: Limits,
     /// Where `/healthz`, `/readyz` and `/metrics` are served (`None`: not served).
     pub admin_addr: Option<SocketAddr>,
@@ -77,6 +91,7 @@ pub struct Settings {
 }
 
 /// A running host's handles, for embedding (tests, benchmarks).
+#[derive(Clone)]
 pub struct Running {
     /// The loaded plugins.
     pub store: PolicyStore,
@@ -88,7 +103,10 @@ pub struct Running {
 
 /// Loads the policies and runs their controllers until `shutdown` resolves.
 ///
-/// `on_started` is called once everything is loaded and every controller has started.
+/// Plugin files load before anything else (a bad file fails the start); plugin ConfigMaps are
+/// then watched for the host's whole life, and the supervisor starts, restarts and stops one
+/// controller per loaded policy as the store changes. `on_started` is called once the files
+/// are loaded and every task has started.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -96,10 +114,13 @@ pub async fn run(
     on_started: impl FnOnce(&Running),
 ) -> Result<(), HostError> {
     let shutdown: Shared<BoxFuture<'static, ()>> = shutdown.boxed().shared();
-    let sandbox = Sandbox::new()?;
+    let loader = PluginLoader::new(
+        Sandbox::new()?,
+        settings.artifact_cache.clone().map(ArtifactCache::new),
+    );
     let store = PolicyStore::new();
     for path in &settings.policy_files {
-        let policy = policy_store::load_file(&sandbox, path, settings.limits.clone()).await?;
+        let policy = load::load_file(&loader, path, settings.limits.clone()).await?;
         tracing::info!(
             plugin = policy.plugin.label(),
             source = %policy.source,
@@ -111,7 +132,7 @@ pub async fn run(
         if let Some(other) = store
             .list()
             .into_iter()
-            .find(|p| p.plugin.info().target == policy.plugin.info().target)
+            .find(|p| p.plugin.info().target.to_string() == policy.plugin.info().target.to_string())
         {
             return Err(HostError::SameTarget {
                 first: other.plugin.label().to_string(),
@@ -127,11 +148,11 @@ pub async fn run(
     let mut admin_addr = None;
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = settings.admin_addr {
-        let (bound, server) = admin::serve(addr, metrics.clone(), readiness.clone())
+        let (bound, server) = admin::serve(addr, metrics.clone(), readiness.clone(), store.clone())
             .await
             .map_err(|source| HostError::Admin { addr, source })?;
         admin_addr = Some(bound);
-        tracing::info!(%bound, "admin endpoint serving /healthz /readyz /metrics");
+        tracing::info!(%bound, "admin endpoint serving /healthz /readyz /metrics /plugins");
         let stop = shutdown.clone();
         tasks.spawn(async move {
             tokio::select! {
@@ -143,16 +164,26 @@ pub async fn run(
         });
     }
 
-    for policy in store.list() {
-        let name = policy.name().to_string();
-        let (client, store, metrics) = (client.clone(), store.clone(), metrics.clone());
-        let options = settings.controller.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            if let Err(error) = controller::run(client, store, name.clone(), metrics, options, stop).await {
-                tracing::error!(policy = %name, %error, "controller ended");
-            }
-        });
+    tasks.spawn(supervisor::supervise(
+        client.clone(),
+        store.clone(),
+        metrics.clone(),
+        settings.controller.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(namespace) = settings.plugin_namespace.clone() {
+        let source = ConfigMapSource::new(
+            client.clone(),
+            namespace,
+            loader.clone(),
+            store.clone(),
+            metrics.clone(),
+            PackDefaults {
+                limits: settings.limits.clone(),
+                concurrency: settings.controller.concurrency,
+            },
+        );
+        tasks.spawn(source.run(shutdown.clone()));
     }
     readiness.set_ready();
     on_started(&Running {

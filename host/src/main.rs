@@ -8,10 +8,16 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use policy_host::controller::ControllerOptions;
 use policy_host::decide::{Limits, Sandbox};
+use policy_host::load::pack::LimitsSpec;
+use policy_host::plugin_cli;
 use policy_host::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
-#[command(name = "policy-host", version, about = "A Kubernetes operator whose reconcile decisions come from sandboxed WebAssembly plugins")]
+#[command(
+    name = "policy-host",
+    version,
+    about = "A Kubernetes operator whose reconcile decisions come from sandboxed WebAssembly plugins"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "POLICY_HOST_LOG_FORMAT", global = true)]
@@ -22,11 +28,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the operator with the given plugins (uses the in-cluster config or $KUBECONFIG).
+    /// Run the operator (uses the in-cluster config or $KUBECONFIG): plugins from files and
+    /// from ConfigMaps labelled `policy-host.io/plugin=true` in --plugin-namespace.
     Run {
-        /// A plugin component (.wasm) to load; repeat for several.
-        #[arg(long = "policy", required = true)]
+        /// A plugin component (.wasm) to load, granted what it asks for; repeat for several.
+        #[arg(long = "policy")]
         policies: Vec<PathBuf>,
+        /// Load plugin ConfigMaps from this namespace (the host's own, in a Pod).
+        #[arg(long, env = "POD_NAMESPACE")]
+        plugin_namespace: Option<String>,
+        /// Cache compiled plugins in this directory (writable by the host only).
+        #[arg(long, env = "POLICY_HOST_ARTIFACT_CACHE")]
+        artifact_cache: Option<PathBuf>,
         /// Where to serve /healthz, /readyz and /metrics.
         #[arg(long, default_value = "0.0.0.0:8080", env = "POLICY_HOST_ADMIN_ADDR")]
         admin_addr: SocketAddr,
@@ -44,6 +57,64 @@ enum Command {
         /// The plugin component (.wasm).
         plugin: PathBuf,
     },
+    /// Check a plugin as the host would load it (component, world, contract version,
+    /// self-description within the limits, ConfigMap size) and print the result as JSON.
+    Validate {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        #[command(flatten)]
+        limits: PackLimitArgs,
+    },
+    /// Write a plugin ConfigMap (gzip, sha256 pin, label, grants, limits) to stdout as YAML.
+    Pack {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// ConfigMap name (default: `plugin-<plugin name>`).
+        #[arg(long)]
+        name: Option<String>,
+        /// ConfigMap namespace (default: none, use `kubectl apply -n`).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Grant app-calls to this port of the plugin's own pods; repeat for several.
+        #[arg(long = "grant")]
+        grants: Vec<String>,
+        /// Grant every capability the plugin asks for.
+        #[arg(long)]
+        grant_requested: bool,
+        /// Load as a shadow of the active plugin instead of replacing it.
+        #[arg(long)]
+        shadow: bool,
+        #[command(flatten)]
+        limits: PackLimitArgs,
+    },
+}
+
+/// Per-plugin limits written into a pack; absent ones keep the host's defaults.
+#[derive(clap::Args)]
+struct PackLimitArgs {
+    /// Deadline of one decision, in milliseconds.
+    #[arg(long = "limit-deadline-ms")]
+    deadline_ms: Option<u64>,
+    /// Memory cap, in MiB.
+    #[arg(long = "limit-memory-mib")]
+    memory_mib: Option<usize>,
+    /// Output cap, in KiB.
+    #[arg(long = "limit-output-kib")]
+    output_kib: Option<usize>,
+    /// Parents reconciled at the same time.
+    #[arg(long = "limit-concurrency")]
+    concurrency: Option<u16>,
+}
+
+impl PackLimitArgs {
+    fn spec(&self) -> LimitsSpec {
+        LimitsSpec {
+            deadline_ms: self.deadline_ms,
+            memory_mib: self.memory_mib,
+            output_kib: self.output_kib,
+            concurrency: self.concurrency,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -77,16 +148,25 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run {
             policies,
+            plugin_namespace,
+            artifact_cache,
             admin_addr,
             limits,
             concurrency,
             namespace,
         } => {
+            if policies.is_empty() && plugin_namespace.is_none() {
+                anyhow::bail!(
+                    "nothing to load: give --policy plugin.wasm, or --plugin-namespace (or POD_NAMESPACE) to load plugin ConfigMaps"
+                );
+            }
             let client = kube::Client::try_default()
                 .await
                 .context("cannot reach the Kubernetes API: set KUBECONFIG or run in a cluster")?;
             let settings = policy_host::Settings {
                 policy_files: policies,
+                plugin_namespace,
+                artifact_cache,
                 limits: limits.limits(),
                 admin_addr: Some(admin_addr),
                 controller: ControllerOptions {
@@ -118,6 +198,33 @@ async fn main() -> anyhow::Result<()> {
                 "wantsFinalizer": info.wants_finalizer,
             });
             println!("{}", serde_json::to_string_pretty(&description)?);
+        }
+        Command::Validate { plugin, limits } => {
+            let report =
+                plugin_cli::validate(&plugin, &limits.spec(), &plugin_cli::host_defaults()).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        Command::Pack {
+            plugin,
+            name,
+            namespace,
+            grants,
+            grant_requested,
+            shadow,
+            limits,
+        } => {
+            let request = plugin_cli::PackRequest {
+                name,
+                namespace,
+                grants,
+                grant_requested,
+                limits: limits.spec(),
+                shadow,
+            };
+            print!(
+                "{}",
+                plugin_cli::pack(&plugin, &request, &plugin_cli::host_defaults()).await?
+            );
         }
     }
     Ok(())

@@ -1,4 +1,5 @@
-//! Metrics: reconcile counts, errors and decision latency per policy, in Prometheus text.
+//! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
+//! controllers, in Prometheus text.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -20,6 +22,12 @@ struct ErrorLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoadLabels {
+    source: String,
+    outcome: String,
+}
+
 /// The host's metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -27,6 +35,8 @@ pub struct Metrics {
     reconciles: Family<PolicyLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     decision_seconds: Family<PolicyLabels, Histogram>,
+    plugin_loads: Family<LoadLabels, Counter>,
+    controllers: Family<PolicyLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -45,7 +55,11 @@ impl Metrics {
         let decision_seconds = Family::<PolicyLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.000_01, 2.5, 15))
         });
-        registry.register("reconciles", "Reconciles started, per policy", reconciles.clone());
+        registry.register(
+            "reconciles",
+            "Reconciles started, per policy",
+            reconciles.clone(),
+        );
         registry.register(
             "reconcile_errors",
             "Reconciles that failed, per policy and reason",
@@ -56,18 +70,34 @@ impl Metrics {
             "Time a plugin took to decide (instantiate + reconcile, app-calls included)",
             decision_seconds.clone(),
         );
+        let plugin_loads = Family::<LoadLabels, Counter>::default();
+        registry.register(
+            "plugin_loads",
+            "Plugin load attempts per source and outcome (Loaded, Swapped, Unloaded, or the refusal reason)",
+            plugin_loads.clone(),
+        );
+        let controllers = Family::<PolicyLabels, Gauge>::default();
+        registry.register(
+            "controllers",
+            "1 while the controller of a policy runs, 0 once stopped",
+            controllers.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
             errors,
             decision_seconds,
+            plugin_loads,
+            controllers,
         }
     }
 
     /// Counts a reconcile of `policy`.
     pub fn reconcile_started(&self, policy: &str) {
         self.reconciles
-            .get_or_create(&PolicyLabels { policy: policy.into() })
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
             .inc();
     }
 
@@ -84,8 +114,29 @@ impl Metrics {
     /// Records how long a decision took.
     pub fn decision_took(&self, policy: &str, took: Duration) {
         self.decision_seconds
-            .get_or_create(&PolicyLabels { policy: policy.into() })
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts a plugin load attempt from `source` (e.g. `configmap ns/name`) with its outcome.
+    pub fn plugin_load(&self, source: &str, outcome: &str) {
+        self.plugin_loads
+            .get_or_create(&LoadLabels {
+                source: source.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Records whether the controller of `policy` runs.
+    pub fn controller_running(&self, policy: &str, running: bool) {
+        self.controllers
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
+            .set(i64::from(running));
     }
 
     /// The Prometheus text exposition of every metric.
@@ -107,12 +158,30 @@ mod tests {
         metrics.reconcile_started("etcd");
         metrics.reconcile_failed("etcd", "PluginCrashed");
         metrics.decision_took("etcd", Duration::from_micros(50));
+        metrics.plugin_load("configmap ops/etcd", "PluginChecksumMismatch");
+        metrics.controller_running("etcd", true);
         let text = metrics.render();
-        assert!(text.contains("policy_host_reconciles_total{policy=\"etcd\"} 1"), "{text}");
         assert!(
-            text.contains("policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"PluginCrashed\"} 1"),
+            text.contains("policy_host_plugin_loads_total{source=\"configmap ops/etcd\",outcome=\"PluginChecksumMismatch\"} 1"),
             "{text}"
         );
-        assert!(text.contains("policy_host_decision_duration_seconds_count{policy=\"etcd\"} 1"), "{text}");
+        assert!(
+            text.contains("policy_host_controllers{policy=\"etcd\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("policy_host_reconciles_total{policy=\"etcd\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"PluginCrashed\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("policy_host_decision_duration_seconds_count{policy=\"etcd\"} 1"),
+            "{text}"
+        );
     }
 }

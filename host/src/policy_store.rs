@@ -1,18 +1,17 @@
 //! The policy store: which plugins are loaded, under which grants, swapped atomically.
 //!
-//! Loading sources feed it (today a file given on the command line; ConfigMaps slot in the
-//! same way), controllers read the current plugin on every reconcile, so a swap takes effect
+//! Loading sources feed it ([`crate::load`]: files given on the command line, labelled
+//! ConfigMaps); controllers read the current plugin on every reconcile, so a swap takes effect
 //! at the next decision while in-flight ones finish on the version they started with.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio::sync::watch;
 
+use crate::decide::Plugin;
 use crate::decide::contract::Capability;
-use crate::decide::{DecideError, Limits, Plugin, Sandbox};
 
 /// What the admin allows a plugin to do beyond deciding.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,6 +47,8 @@ pub struct LoadedPolicy {
     pub source: String,
     /// When it was loaded.
     pub loaded_at: SystemTime,
+    /// Parents reconciled at the same time (`None`: the host's default).
+    pub concurrency: Option<u16>,
 }
 
 impl LoadedPolicy {
@@ -55,23 +56,6 @@ impl LoadedPolicy {
     pub fn name(&self) -> &str {
         &self.plugin.info().name
     }
-}
-
-/// Why a policy could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The file could not be read.
-    #[error("cannot read plugin file {path}: {source}; check the --policy path")]
-    Read {
-        /// The path.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The bytes are not a usable plugin.
-    #[error(transparent)]
-    Plugin(#[from] DecideError),
 }
 
 /// The loaded plugins by name. Cheap to clone; every clone sees the same store.
@@ -119,28 +103,32 @@ impl PolicyStore {
         self.policies.borrow().values().cloned().collect()
     }
 
+    /// Yields each time the policy called `name` is replaced by a newly loaded version (or
+    /// loaded again after a removal), so its controller can hand every parent to the new
+    /// version at once instead of waiting for each parent's next change.
+    pub fn replacements(&self, name: &str) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let mut changes = self.policies.subscribe();
+        let current = changes.borrow_and_update().get(name).cloned();
+        let state = (changes, current, name.to_string());
+        futures::stream::unfold(state, |(mut changes, mut current, name)| async move {
+            loop {
+                changes.changed().await.ok()?;
+                let now = changes.borrow_and_update().get(&name).cloned();
+                let replaced = match (&current, &now) {
+                    (Some(before), Some(after)) => !Arc::ptr_eq(before, after),
+                    (None, Some(_)) => true,
+                    _ => false,
+                };
+                current = now;
+                if replaced {
+                    return Some(((), (changes, current, name)));
+                }
+            }
+        })
+    }
+
     /// A receiver that sees every change to the store.
     pub fn subscribe(&self) -> watch::Receiver<BTreeMap<String, Arc<LoadedPolicy>>> {
         self.policies.subscribe()
     }
-}
-
-/// Loads a plugin from a file, granting what it asks for (the admin chose the file).
-pub async fn load_file(
-    sandbox: &Sandbox,
-    path: &Path,
-    limits: Limits,
-) -> Result<LoadedPolicy, LoadError> {
-    let bytes = tokio::fs::read(path).await.map_err(|source| LoadError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let source = path.display().to_string();
-    let plugin = sandbox.load(&source, &bytes, limits).await?;
-    Ok(LoadedPolicy {
-        grants: Grants::as_requested(&plugin),
-        plugin,
-        source,
-        loaded_at: SystemTime::now(),
-    })
 }

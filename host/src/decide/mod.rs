@@ -232,15 +232,28 @@ impl Sandbox {
         bytes: &[u8],
         limits: Limits,
     ) -> Result<Plugin, DecideError> {
-        let _keep_ticking = &self.ticker;
         let component =
             Component::from_binary(&self.engine, bytes).map_err(|e| load_error(source_name, e))?;
+        let content_sha256 = hex(&Sha256::digest(bytes));
+        self.load_component(source_name, &component, content_sha256, limits)
+            .await
+    }
+
+    /// Checks an already compiled component exports the contract, and reads its
+    /// self-description (for loaders that compile through a precompiled-artifact cache).
+    pub async fn load_component(
+        &self,
+        source_name: &str,
+        component: &Component,
+        content_sha256: String,
+        limits: Limits,
+    ) -> Result<Plugin, DecideError> {
+        let _keep_ticking = &self.ticker;
         let pre = self
             .linker
-            .instantiate_pre(&component)
+            .instantiate_pre(component)
             .map_err(|e| load_error(source_name, e))?;
         let pre = PolicyPluginPre::new(pre).map_err(|e| load_error(source_name, e))?;
-        let content_sha256 = hex(&Sha256::digest(bytes));
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
                 pre,

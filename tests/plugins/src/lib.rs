@@ -54,11 +54,24 @@ pub fn build(package: &str) -> Result<PathBuf, BuildError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .current_dir(workspace_root())
-        .args(["build", "--quiet", "--package", package, "--target", TARGET, "--profile", PROFILE])
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            package,
+            "--target",
+            TARGET,
+            "--profile",
+            PROFILE,
+        ])
         .arg("--target-dir")
         .arg(target_dir())
         .status()
-        .map_err(|e| BuildError(format!("cannot run `{cargo} build` for plugin {package}: {e}")))?;
+        .map_err(|e| {
+            BuildError(format!(
+                "cannot run `{cargo} build` for plugin {package}: {e}"
+            ))
+        })?;
     if !status.success() {
         return Err(BuildError(format!(
             "building plugin {package} for {TARGET} failed ({status}); the compiler output is above"
@@ -84,7 +97,13 @@ fn ensure_target() -> Result<(), BuildError> {
         .args(["target", "list", "--installed"])
         .output();
     match listed {
-        Ok(out) if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == TARGET) => Ok(()),
+        Ok(out)
+            if String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.trim() == TARGET) =>
+        {
+            Ok(())
+        }
         Ok(_) => {
             let status = Command::new("rustup")
                 .args(["target", "add", TARGET])
@@ -101,4 +120,58 @@ fn ensure_target() -> Result<(), BuildError> {
         // No rustup: assume the toolchain has the target; cargo will say if not.
         Err(_) => Ok(()),
     }
+}
+
+/// Builds the misbehaving plugin reporting `version` (in `describe` and in the status it
+/// writes) and returns a copy of the component unique to that version, for hot-swap tests.
+///
+/// Builds go to their own target directory (`target/plugin-versions`), so they never race the
+/// plain builds of [`build`]; only the final crate recompiles between versions.
+pub fn build_version(version: &str) -> Result<PathBuf, BuildError> {
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let out = workspace_root()
+        .join("target/plugin-versions")
+        .join(format!("misbehaving-{version}.wasm"));
+    ensure_target()?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target_dir = workspace_root().join("target/plugin-versions");
+    let status = Command::new(&cargo)
+        .current_dir(workspace_root())
+        .env("MISBEHAVING_POLICY_VERSION", version)
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            "misbehaving-policy",
+            "--target",
+            TARGET,
+            "--profile",
+            PROFILE,
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .status()
+        .map_err(|e| {
+            BuildError(format!(
+                "cannot run `{cargo} build` for misbehaving-policy {version}: {e}"
+            ))
+        })?;
+    if !status.success() {
+        return Err(BuildError(format!(
+            "building misbehaving-policy {version} failed ({status}); the compiler output is above"
+        )));
+    }
+    let built = target_dir
+        .join(TARGET)
+        .join(PROFILE)
+        .join("misbehaving_policy.wasm");
+    std::fs::copy(&built, &out).map_err(|e| {
+        BuildError(format!(
+            "cannot copy {} to {}: {e}",
+            built.display(),
+            out.display()
+        ))
+    })?;
+    Ok(out)
 }

@@ -9,6 +9,10 @@
 //! - `refuse`: returns a policy error;
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
 //! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status.
+//!
+//! Its version is `MISBEHAVING_POLICY_VERSION` at build time (default: the crate version), and
+//! `ok` writes it into `status.pluginVersion`, so a hot-swap test can tell which build decided
+//! (see `policy_host_test_plugins::build_version`).
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
@@ -29,6 +33,12 @@ mod plugin {
     };
 
     struct Misbehaving;
+
+    /// The version this build reports (and writes into status), set by the build.
+    const VERSION: &str = match option_env!("MISBEHAVING_POLICY_VERSION") {
+        Some(version) => version,
+        None => env!("CARGO_PKG_VERSION"),
+    };
 
     fn target() -> KindRef {
         KindRef {
@@ -61,7 +71,7 @@ mod plugin {
         fn describe() -> PolicyInfo {
             PolicyInfo {
                 name: "misbehaving".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
+                version: VERSION.into(),
                 target: target(),
                 children: vec![config_maps()],
                 capabilities: vec![Capability::AppCall("http".into())],
@@ -138,7 +148,10 @@ mod plugin {
                         "metadata": { "name": format!("{name}-out") },
                         "data": { "behaviour": behaviour, "now": observation.now.seconds.to_string() },
                     });
-                    let status = json!({ "observedChildren": observation.children.len() });
+                    let status = json!({
+                        "observedChildren": observation.children.len(),
+                        "pluginVersion": VERSION,
+                    });
                     Ok(Decision {
                         actions: vec![
                             Action::Apply(child.to_string()),

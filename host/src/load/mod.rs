@@ -1,0 +1,407 @@
+//! Load: turns plugin bytes into a policy the [`PolicyStore`](crate::policy_store::PolicyStore)
+//! can hold — the fourth concern beside observe, decide and act.
+//!
+//! Every source goes through the same steps, and a plugin is swapped in only after all passed:
+//!
+//! 1. decode the pack ([`pack`]: gzip, sha256 pin, grants, limits, mode) — ConfigMaps only;
+//! 2. check the bytes are a component, not a core module or something else;
+//! 3. compile, through the [`artifact_cache`] when one is configured;
+//! 4. check the component speaks a contract version this host serves (a plugin built against a
+//!    newer `policy-host:policy` is refused by name, not by a linker error);
+//! 5. pre-instantiate against the host's imports (a wrong world fails here) and read
+//!    `describe()`.
+//!
+//! [`config_maps`] watches labelled ConfigMaps and feeds the store; files given with
+//! `--policy` use [`load_file`].
+
+pub mod artifact_cache;
+pub mod config_maps;
+pub mod pack;
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use crate::decide::contract::CONTRACT_VERSION;
+use crate::decide::{DecideError, Limits, Plugin, Sandbox};
+use crate::policy_store::{Grants, LoadedPolicy};
+use artifact_cache::{ArtifactCache, CacheOutcome};
+use pack::PackError;
+
+/// The WIT package every plugin import and export of the contract is named in.
+pub const CONTRACT_PACKAGE: &str = "policy-host:policy";
+
+/// Why a plugin was not loaded. Each says what was wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read plugin file {path}: {source}; check the path")]
+    Read {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ConfigMap is not a usable pack.
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    /// The bytes are not WebAssembly at all.
+    #[error(
+        "plugin {source_name} is not a component: it does not start with the WebAssembly magic bytes `\\0asm`; build the plugin for wasm32-wasip2 and load the .wasm file"
+    )]
+    NotWasm {
+        /// Where the bytes came from.
+        source_name: String,
+    },
+    /// The bytes are a core module, not a component.
+    #[error(
+        "plugin {source_name} is not a component: it is a core WebAssembly module; build it for wasm32-wasip2 (cargo build --target wasm32-wasip2) or wrap it with `wasm-tools component new`"
+    )]
+    CoreModule {
+        /// Where the bytes came from.
+        source_name: String,
+    },
+    /// The component does not compile.
+    #[error(
+        "plugin {source_name} is not a valid component: {message}; rebuild it with a current toolchain"
+    )]
+    Compile {
+        /// Where the bytes came from.
+        source_name: String,
+        /// What wasmtime said.
+        message: String,
+    },
+    /// The component is not of world `policy-plugin`.
+    #[error(
+        "plugin {source_name} is a component of the wrong world: {message}; it must implement world `policy-plugin` of wit/policy.wit ({CONTRACT_PACKAGE}@{CONTRACT_VERSION})"
+    )]
+    WrongWorld {
+        /// Where the bytes came from.
+        source_name: String,
+        /// What is missing or mismatched.
+        message: String,
+    },
+    /// The component was built against a newer contract than this host serves.
+    #[error(
+        "plugin {source_name} was built against {CONTRACT_PACKAGE}@{found}, newer than the {CONTRACT_VERSION} this host serves (too-new contract); upgrade policy-host or rebuild the plugin against {CONTRACT_VERSION}"
+    )]
+    TooNewContract {
+        /// The version the plugin names.
+        found: String,
+        /// Where the bytes came from.
+        source_name: String,
+    },
+    /// The component was built against an older, incompatible contract.
+    #[error(
+        "plugin {source_name} was built against {CONTRACT_PACKAGE}@{found}, which this host (serving {CONTRACT_VERSION}) does not support; rebuild the plugin against {CONTRACT_VERSION}"
+    )]
+    UnsupportedContract {
+        /// The version the plugin names.
+        found: String,
+        /// Where the bytes came from.
+        source_name: String,
+    },
+    /// The plugin's `describe()` failed (trap, deadline, ...).
+    #[error(transparent)]
+    Describe(DecideError),
+    /// The plugin described itself with a name the host cannot use.
+    #[error(
+        "plugin {source_name} calls itself `{name}`; a plugin name must be 1-63 characters of a-z, 0-9 and `-` (it becomes a label value and a finalizer)"
+    )]
+    BadName {
+        /// Where the bytes came from.
+        source_name: String,
+        /// The name it gave.
+        name: String,
+    },
+}
+
+impl LoadError {
+    /// A short CamelCase reason for Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LoadError::Read { .. } => "PluginUnreadable",
+            LoadError::Pack(e) => e.reason(),
+            LoadError::NotWasm { .. } | LoadError::CoreModule { .. } => "PluginNotAComponent",
+            LoadError::Compile { .. } => "PluginInvalid",
+            LoadError::WrongWorld { .. } => "PluginWrongWorld",
+            LoadError::TooNewContract { .. } => "PluginContractTooNew",
+            LoadError::UnsupportedContract { .. } => "PluginContractUnsupported",
+            LoadError::Describe(_) => "PluginDescribeFailed",
+            LoadError::BadName { .. } => "PluginNameInvalid",
+        }
+    }
+}
+
+/// Compiles, checks and describes plugins. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginLoader {
+    sandbox: Sandbox,
+    cache: Option<ArtifactCache>,
+}
+
+impl PluginLoader {
+    /// A loader for `sandbox`, caching compiled artifacts in `cache` if given.
+    pub fn new(sandbox: Sandbox, cache: Option<ArtifactCache>) -> Self {
+        Self { sandbox, cache }
+    }
+
+    /// The sandbox plugins run in.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Checks, compiles and describes the component `bytes` (whose sha256 is `sha256`).
+    pub async fn load(
+        &self,
+        source_name: &str,
+        bytes: &[u8],
+        sha256: &str,
+        limits: Limits,
+    ) -> Result<(Plugin, CacheOutcome), LoadError> {
+        check_header(source_name, bytes)?;
+        let engine = self.sandbox.engine().clone();
+        let cache = self.cache.clone();
+        let (owned, sha) = (bytes.to_vec(), sha256.to_string());
+        // Cranelift is CPU-bound for up to seconds: keep it off the async workers.
+        let compiled = tokio::task::spawn_blocking(move || match cache {
+            Some(cache) => cache.compile(&engine, &sha, &owned),
+            None => Component::from_binary(&engine, &owned).map(|c| (c, CacheOutcome::Disabled)),
+        })
+        .await;
+        let (component, outcome) = match compiled {
+            Ok(Ok(compiled)) => compiled,
+            Ok(Err(error)) => {
+                return Err(LoadError::Compile {
+                    source_name: source_name.to_string(),
+                    message: format!("{error:#}"),
+                });
+            }
+            Err(join) => {
+                return Err(LoadError::Compile {
+                    source_name: source_name.to_string(),
+                    message: format!("the compiler task failed: {join}"),
+                });
+            }
+        };
+        check_contract(source_name, self.sandbox.engine(), &component)?;
+        let plugin = self
+            .sandbox
+            .load_component(source_name, &component, sha256.to_string(), limits)
+            .await
+            .map_err(|error| match error {
+                DecideError::Load { message, .. } => LoadError::WrongWorld {
+                    source_name: source_name.to_string(),
+                    message,
+                },
+                other => LoadError::Describe(other),
+            })?;
+        let name = &plugin.info().name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid_name {
+            return Err(LoadError::BadName {
+                source_name: source_name.to_string(),
+                name: name.clone(),
+            });
+        }
+        Ok((plugin, outcome))
+    }
+}
+
+/// Loads a plugin from a file, granting what it asks for (the admin chose the file).
+pub async fn load_file(
+    loader: &PluginLoader,
+    path: &Path,
+    limits: Limits,
+) -> Result<LoadedPolicy, LoadError> {
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let source = format!("file {}", path.display());
+    let sha256 = pack::sha256_hex(&bytes);
+    let (plugin, _) = loader.load(&source, &bytes, &sha256, limits).await?;
+    Ok(LoadedPolicy {
+        grants: Grants::as_requested(&plugin),
+        plugin,
+        source,
+        loaded_at: SystemTime::now(),
+        concurrency: None,
+    })
+}
+
+/// Refuses what is not even a component before the compiler sees it, so the error can say so.
+fn check_header(source_name: &str, bytes: &[u8]) -> Result<(), LoadError> {
+    const MAGIC: &[u8] = b"\0asm";
+    // Bytes 4..8 are version + layer: 1,0,0,0 for a core module; layer 1 for a component.
+    match bytes.get(..8) {
+        Some(header) if header.starts_with(MAGIC) => {
+            if header[6..8] == [0x01, 0x00] {
+                Ok(())
+            } else {
+                Err(LoadError::CoreModule {
+                    source_name: source_name.to_string(),
+                })
+            }
+        }
+        _ => Err(LoadError::NotWasm {
+            source_name: source_name.to_string(),
+        }),
+    }
+}
+
+/// A semver version as numbers (pre-release and build suffixes ignored).
+fn parse_version(text: &str) -> Option<(u64, u64, u64)> {
+    let core = text.split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// Whether a plugin built against contract `found` runs on this host (see the WIT package
+/// docs: `0.1.x` loads on a host serving `0.1.y` with y >= x; from 1.0, same major).
+fn contract_compatibility(found: (u64, u64, u64), served: (u64, u64, u64)) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let same_line = if served.0 == 0 {
+        found.0 == 0 && found.1 == served.1
+    } else {
+        found.0 == served.0
+    };
+    if same_line {
+        if found <= served {
+            Ordering::Equal
+        } else {
+            Ordering::Greater
+        }
+    } else if found > served {
+        Ordering::Greater
+    } else {
+        Ordering::Less
+    }
+}
+
+/// Checks the component's contract imports and exports name a version this host serves, and
+/// that it exports the `policy` interface at all.
+fn check_contract(
+    source_name: &str,
+    engine: &Engine,
+    component: &Component,
+) -> Result<(), LoadError> {
+    let served = parse_version(CONTRACT_VERSION).unwrap_or((0, 1, 0));
+    let ty = component.component_type();
+    let imports = ty.imports(engine).map(|(name, _)| name.to_string());
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let prefix = format!("{CONTRACT_PACKAGE}/");
+    let mut exports_policy = false;
+    for name in imports.chain(exports.iter().cloned()) {
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (interface, version) = rest.split_once('@').unwrap_or((rest, ""));
+        if interface == "policy" && exports.contains(&name) {
+            exports_policy = true;
+        }
+        let Some(found) = parse_version(version) else {
+            return Err(LoadError::UnsupportedContract {
+                found: if version.is_empty() {
+                    "(unversioned)".into()
+                } else {
+                    version.into()
+                },
+                source_name: source_name.to_string(),
+            });
+        };
+        match contract_compatibility(found, served) {
+            std::cmp::Ordering::Equal => {}
+            std::cmp::Ordering::Greater => {
+                return Err(LoadError::TooNewContract {
+                    found: version.to_string(),
+                    source_name: source_name.to_string(),
+                });
+            }
+            std::cmp::Ordering::Less => {
+                return Err(LoadError::UnsupportedContract {
+                    found: version.to_string(),
+                    source_name: source_name.to_string(),
+                });
+            }
+        }
+    }
+    if !exports_policy {
+        let exported = if exports.is_empty() {
+            "nothing".to_string()
+        } else {
+            exports.join(", ")
+        };
+        return Err(LoadError::WrongWorld {
+            source_name: source_name.to_string(),
+            message: format!(
+                "it exports {exported}, not `{CONTRACT_PACKAGE}/policy@{CONTRACT_VERSION}`"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cmp::Ordering;
+
+    use super::*;
+
+    #[test]
+    fn contract_versions_follow_the_wit_semver_rule() {
+        let served = (0, 1, 2);
+        for (found, expected) in [
+            ((0, 1, 0), Ordering::Equal),
+            ((0, 1, 2), Ordering::Equal),
+            ((0, 1, 3), Ordering::Greater),
+            ((0, 2, 0), Ordering::Greater),
+            ((1, 0, 0), Ordering::Greater),
+            ((0, 0, 9), Ordering::Less),
+        ] {
+            assert_eq!(contract_compatibility(found, served), expected, "{found:?}");
+        }
+        assert_eq!(
+            contract_compatibility((1, 4, 0), (1, 5, 0)),
+            Ordering::Equal
+        );
+        assert_eq!(contract_compatibility((0, 9, 0), (1, 0, 0)), Ordering::Less);
+    }
+
+    #[test]
+    fn versions_parse_with_or_without_suffixes() {
+        assert_eq!(parse_version("0.1.0"), Some((0, 1, 0)));
+        assert_eq!(parse_version("1.2.3-rc.1"), Some((1, 2, 3)));
+        assert_eq!(parse_version("1.2"), None);
+        assert_eq!(parse_version(""), None);
+    }
+
+    #[test]
+    fn headers_tell_a_component_from_a_core_module_and_from_junk() {
+        assert!(check_header("t", b"\0asm\x0d\0\x01\0").is_ok());
+        assert!(matches!(
+            check_header("t", b"\0asm\x01\0\0\0"),
+            Err(LoadError::CoreModule { .. })
+        ));
+        assert!(matches!(
+            check_header("t", b"PK\x03\x04zipfile"),
+            Err(LoadError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_header("t", b""),
+            Err(LoadError::NotWasm { .. })
+        ));
+    }
+}

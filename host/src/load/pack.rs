@@ -1,0 +1,593 @@
+//! The plugin pack: how a plugin travels in a ConfigMap, and how it is read back.
+//!
+//! A pack is a ConfigMap labelled [`PLUGIN_LABEL`]`: "true"` in the namespace the host loads
+//! plugins from:
+//!
+//! | key | where | what |
+//! |---|---|---|
+//! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one |
+//! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
+//! | `grants` | `data`, optional | YAML, e.g. `appCall: [client]`: ports of its own pods the plugin may app-call; absent means none |
+//! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
+//! | `mode` | `data`, optional | `active` (default) or `shadow` |
+//!
+//! Reading a pack only decodes and checks what the ConfigMap says; compiling the component is
+//! the loader's job ([`crate::load::PluginLoader`]).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::decide::{Limits, MAX_PLUGIN_MEMORY};
+use crate::policy_store::Grants;
+
+/// The label that marks a ConfigMap as a plugin pack.
+pub const PLUGIN_LABEL: &str = "policy-host.io/plugin";
+/// `binaryData` key of a raw component.
+pub const RAW_KEY: &str = "plugin.wasm";
+/// `binaryData` key of a gzip-compressed component.
+pub const GZIP_KEY: &str = "plugin.wasm.gz";
+/// `data` key of the sha256 pin.
+pub const SHA256_KEY: &str = "sha256";
+/// `data` key of the grants.
+pub const GRANTS_KEY: &str = "grants";
+/// `data` key of the limits.
+pub const LIMITS_KEY: &str = "limits";
+/// `data` key of the mode.
+pub const MODE_KEY: &str = "mode";
+
+/// Largest component a pack may decompress to: a bound on gzip bombs, far above any plugin.
+pub const MAX_COMPONENT_BYTES: usize = 32 << 20;
+/// Longest deadline an admin may set: a reconcile holds a pool slot for that long.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(300);
+/// Most parents of one policy reconciled at once (the sandbox pool has 128 slots in all).
+pub const MAX_CONCURRENCY: u16 = 64;
+
+/// Whether a pack's plugin decides or only shadows the active one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Its decisions are carried out.
+    #[default]
+    Active,
+    /// Runs beside the active plugin of the same name; its decisions are only compared.
+    Shadow,
+}
+
+/// What an admin may set per plugin; every absent field takes the host's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Wall-clock deadline of one decision, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Memory cap of one instance, in MiB.
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<usize>,
+    /// Output cap of one decision, in KiB.
+    #[serde(default, rename = "outputKiB", skip_serializing_if = "Option::is_none")]
+    pub output_kib: Option<usize>,
+    /// Parents reconciled at the same time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u16>,
+}
+
+/// What an admin grants, as written in a pack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrantsSpec {
+    /// Ports (names or numbers) of its own pods the plugin may app-call.
+    #[serde(default)]
+    pub app_call: Vec<String>,
+}
+
+/// The defaults a pack's limits start from (the host's command-line limits).
+#[derive(Clone, Debug)]
+pub struct PackDefaults {
+    /// Sandbox limits.
+    pub limits: Limits,
+    /// Reconcile concurrency.
+    pub concurrency: u16,
+}
+
+/// A decoded, checksum-verified pack, not yet compiled.
+#[derive(Clone, Debug)]
+pub struct PluginPack {
+    /// The component bytes (decompressed).
+    pub component: Vec<u8>,
+    /// Hex sha256 of `component`.
+    pub sha256: String,
+    /// What the admin granted.
+    pub grants: Grants,
+    /// The sandbox limits.
+    pub limits: Limits,
+    /// Parents reconciled at the same time.
+    pub concurrency: u16,
+    /// Active or shadow.
+    pub mode: Mode,
+}
+
+/// Why a ConfigMap is not a usable pack. Each says which ConfigMap and what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// Neither component key is present.
+    #[error(
+        "ConfigMap {config_map} carries no plugin: put the component in binaryData[\"{GZIP_KEY}\"] (gzip) or binaryData[\"{RAW_KEY}\"] (raw); `policy-host pack plugin.wasm` writes one"
+    )]
+    NoComponent {
+        /// namespace/name.
+        config_map: String,
+    },
+    /// Both component keys are present.
+    #[error(
+        "ConfigMap {config_map} carries both binaryData[\"{GZIP_KEY}\"] and binaryData[\"{RAW_KEY}\"]; keep only one"
+    )]
+    TwoComponents {
+        /// namespace/name.
+        config_map: String,
+    },
+    /// The gzip stream does not decode.
+    #[error(
+        "ConfigMap {config_map}: binaryData[\"{GZIP_KEY}\"] is not valid gzip ({source}); compress the component with gzip, or store it raw under \"{RAW_KEY}\""
+    )]
+    Gzip {
+        /// namespace/name.
+        config_map: String,
+        /// The decoder's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The component decompresses past [`MAX_COMPONENT_BYTES`].
+    #[error(
+        "ConfigMap {config_map}: the component decompresses to more than {MAX_COMPONENT_BYTES} bytes; that is no plugin (or a gzip bomb)"
+    )]
+    TooLarge {
+        /// namespace/name.
+        config_map: String,
+    },
+    /// The sha256 pin is not 64 hex digits.
+    #[error(
+        "ConfigMap {config_map}: data[\"{SHA256_KEY}\"] = `{pin}` is not a sha256 (64 hex digits); write `sha256sum plugin.wasm`'s output or remove the key"
+    )]
+    BadPin {
+        /// namespace/name.
+        config_map: String,
+        /// The pin as written.
+        pin: String,
+    },
+    /// The component does not have the pinned sha256.
+    #[error(
+        "ConfigMap {config_map}: checksum mismatch: data[\"{SHA256_KEY}\"] pins {expected} but the component's sha256 is {actual}; the component was altered or the pin is stale, repack it with `policy-host pack`"
+    )]
+    ChecksumMismatch {
+        /// namespace/name.
+        config_map: String,
+        /// The pin.
+        expected: String,
+        /// What the bytes hash to.
+        actual: String,
+    },
+    /// `data.grants` is not valid.
+    #[error(
+        "ConfigMap {config_map}: data[\"{GRANTS_KEY}\"] is not valid ({message}); write e.g. `appCall: [client]`"
+    )]
+    Grants {
+        /// namespace/name.
+        config_map: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// `data.limits` is not valid or out of range.
+    #[error("ConfigMap {config_map}: data[\"{LIMITS_KEY}\"] is not valid: {message}")]
+    Limits {
+        /// namespace/name.
+        config_map: String,
+        /// What is wrong and the allowed range.
+        message: String,
+    },
+    /// `data.mode` is neither `active` nor `shadow`.
+    #[error("ConfigMap {config_map}: data[\"{MODE_KEY}\"] = `{mode}`; write `active` or `shadow`")]
+    Mode {
+        /// namespace/name.
+        config_map: String,
+        /// The mode as written.
+        mode: String,
+    },
+}
+
+impl PackError {
+    /// A short CamelCase reason for Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PackError::NoComponent { .. } | PackError::TwoComponents { .. } => "PluginMissing",
+            PackError::Gzip { .. } => "PluginGzipInvalid",
+            PackError::TooLarge { .. } => "PluginTooLarge",
+            PackError::BadPin { .. } | PackError::ChecksumMismatch { .. } => {
+                "PluginChecksumMismatch"
+            }
+            PackError::Grants { .. } => "PluginGrantsInvalid",
+            PackError::Limits { .. } => "PluginLimitsInvalid",
+            PackError::Mode { .. } => "PluginModeInvalid",
+        }
+    }
+}
+
+/// Hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl PluginPack {
+    /// Decodes and checks a pack ConfigMap: component (gunzipped), sha256 pin, grants, limits
+    /// and mode.
+    pub fn from_config_map(cm: &ConfigMap, defaults: &PackDefaults) -> Result<Self, PackError> {
+        let config_map = format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
+        let empty_binary = BTreeMap::new();
+        let binary = cm.binary_data.as_ref().unwrap_or(&empty_binary);
+        let empty_data = BTreeMap::new();
+        let data = cm.data.as_ref().unwrap_or(&empty_data);
+
+        let component = match (binary.get(GZIP_KEY), binary.get(RAW_KEY)) {
+            (Some(_), Some(_)) => return Err(PackError::TwoComponents { config_map }),
+            (None, None) => return Err(PackError::NoComponent { config_map }),
+            (Some(ByteString(gz)), None) => gunzip(gz, &config_map)?,
+            (None, Some(ByteString(raw))) => {
+                if raw.len() > MAX_COMPONENT_BYTES {
+                    return Err(PackError::TooLarge { config_map });
+                }
+                raw.clone()
+            }
+        };
+        let sha256 = sha256_hex(&component);
+        if let Some(pin) = data.get(SHA256_KEY) {
+            let pin = pin.trim().to_ascii_lowercase();
+            if pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(PackError::BadPin { config_map, pin });
+            }
+            if pin != sha256 {
+                return Err(PackError::ChecksumMismatch {
+                    config_map,
+                    expected: pin,
+                    actual: sha256,
+                });
+            }
+        }
+        let grants = match data
+            .get(GRANTS_KEY)
+            .map(|t| t.trim())
+            .filter(|t| !t.is_empty())
+        {
+            None => GrantsSpec::default(),
+            Some(text) => {
+                serde_yaml::from_str::<GrantsSpec>(text).map_err(|e| PackError::Grants {
+                    config_map: config_map.clone(),
+                    message: e.to_string(),
+                })?
+            }
+        };
+        let limits = match data.get(LIMITS_KEY).map(|t| t.trim()).filter(|t| !t.is_empty()) {
+            None => LimitsSpec::default(),
+            Some(text) => serde_yaml::from_str::<LimitsSpec>(text).map_err(|e| PackError::Limits {
+                config_map: config_map.clone(),
+                message: format!("{e}; write e.g. `{{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}}`"),
+            })?,
+        };
+        let (limits, concurrency) =
+            limits
+                .resolve(defaults)
+                .map_err(|message| PackError::Limits {
+                    config_map: config_map.clone(),
+                    message,
+                })?;
+        let mode = match data.get(MODE_KEY).map(|m| m.trim()) {
+            None | Some("") | Some("active") => Mode::Active,
+            Some("shadow") => Mode::Shadow,
+            Some(other) => {
+                return Err(PackError::Mode {
+                    config_map,
+                    mode: other.to_string(),
+                });
+            }
+        };
+        Ok(Self {
+            component,
+            sha256,
+            grants: Grants {
+                app_call_ports: grants.app_call,
+            },
+            limits,
+            concurrency,
+            mode,
+        })
+    }
+}
+
+impl LimitsSpec {
+    /// The sandbox limits and concurrency these settings give, or what is out of range.
+    pub fn resolve(&self, defaults: &PackDefaults) -> Result<(Limits, u16), String> {
+        let deadline = self
+            .deadline_ms
+            .map_or(defaults.limits.deadline, Duration::from_millis);
+        if deadline.is_zero() || deadline > MAX_DEADLINE {
+            return Err(format!(
+                "deadlineMs {} is out of range; use 1..={}",
+                deadline.as_millis(),
+                MAX_DEADLINE.as_millis()
+            ));
+        }
+        let memory_bytes = self.memory_mib.map_or(defaults.limits.memory_bytes, |mib| {
+            mib.saturating_mul(1 << 20)
+        });
+        if memory_bytes < (1 << 20) || memory_bytes > MAX_PLUGIN_MEMORY {
+            return Err(format!(
+                "memoryMiB {} is out of range; use 1..={} (the sandbox's per-instance ceiling)",
+                memory_bytes >> 20,
+                MAX_PLUGIN_MEMORY >> 20
+            ));
+        }
+        let output_bytes = self.output_kib.map_or(defaults.limits.output_bytes, |kib| {
+            kib.saturating_mul(1 << 10)
+        });
+        if output_bytes < (1 << 10) || output_bytes > (64 << 20) {
+            return Err(format!(
+                "outputKiB {} is out of range; use 1..=65536",
+                output_bytes >> 10
+            ));
+        }
+        let concurrency = self.concurrency.unwrap_or(defaults.concurrency);
+        if concurrency == 0 || concurrency > MAX_CONCURRENCY {
+            return Err(format!(
+                "concurrency {concurrency} is out of range; use 1..={MAX_CONCURRENCY}"
+            ));
+        }
+        Ok((
+            Limits {
+                deadline,
+                memory_bytes,
+                output_bytes,
+            },
+            concurrency,
+        ))
+    }
+}
+
+fn gunzip(gz: &[u8], config_map: &str) -> Result<Vec<u8>, PackError> {
+    let mut out = Vec::new();
+    let mut decoder = flate2::read::GzDecoder::new(gz).take(MAX_COMPONENT_BYTES as u64 + 1);
+    decoder
+        .read_to_end(&mut out)
+        .map_err(|source| PackError::Gzip {
+            config_map: config_map.to_string(),
+            source,
+        })?;
+    if out.len() > MAX_COMPONENT_BYTES {
+        return Err(PackError::TooLarge {
+            config_map: config_map.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// What `policy-host pack` writes into a pack besides the component.
+#[derive(Clone, Debug, Default)]
+pub struct PackOptions {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// Its namespace (`None`: left to `kubectl apply -n`).
+    pub namespace: Option<String>,
+    /// Ports granted for app-calls.
+    pub grants: Vec<String>,
+    /// Limits to write (absent fields keep the host's defaults).
+    pub limits: LimitsSpec,
+    /// Active or shadow.
+    pub mode: Mode,
+}
+
+/// Builds a pack ConfigMap: the component gzip-compressed, its sha256 pinned, the label set.
+pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result<ConfigMap> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut encoder, component)?;
+    let gz = encoder.finish()?;
+    let mut data = BTreeMap::new();
+    data.insert(SHA256_KEY.to_string(), sha256_hex(component));
+    if !options.grants.is_empty() {
+        let grants = GrantsSpec {
+            app_call: options.grants.clone(),
+        };
+        data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
+    }
+    if options.limits != LimitsSpec::default() {
+        data.insert(LIMITS_KEY.to_string(), to_flow_yaml(&options.limits));
+    }
+    data.insert(
+        MODE_KEY.to_string(),
+        match options.mode {
+            Mode::Active => "active",
+            Mode::Shadow => "shadow",
+        }
+        .to_string(),
+    );
+    Ok(ConfigMap {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(options.name.clone()),
+            namespace: options.namespace.clone(),
+            labels: Some(BTreeMap::from([(
+                PLUGIN_LABEL.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        binary_data: Some(BTreeMap::from([(GZIP_KEY.to_string(), ByteString(gz))])),
+        ..Default::default()
+    })
+}
+
+/// One-line JSON (which is YAML) of a small settings record.
+fn to_flow_yaml(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> PackDefaults {
+        PackDefaults {
+            limits: Limits::default(),
+            concurrency: 8,
+        }
+    }
+
+    const COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0 pretend component";
+
+    fn packed() -> ConfigMap {
+        let options = PackOptions {
+            name: "probe".into(),
+            namespace: Some("plugins".into()),
+            grants: vec!["client".into()],
+            limits: LimitsSpec {
+                deadline_ms: Some(2500),
+                concurrency: Some(2),
+                ..Default::default()
+            },
+            mode: Mode::Active,
+        };
+        to_config_map(COMPONENT, &options).expect("gzip into memory cannot fail")
+    }
+
+    fn with_data(mut cm: ConfigMap, key: &str, value: &str) -> ConfigMap {
+        cm.data
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        cm
+    }
+
+    fn refusal(cm: &ConfigMap) -> PackError {
+        match PluginPack::from_config_map(cm, &defaults()) {
+            Ok(_) => panic!("expected a refusal"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_packed_component_round_trips_with_grants_and_limits() {
+        let pack = PluginPack::from_config_map(&packed(), &defaults()).expect("valid pack");
+        assert_eq!(pack.component, COMPONENT);
+        assert_eq!(pack.sha256, sha256_hex(COMPONENT));
+        assert_eq!(pack.grants.app_call_ports, vec!["client".to_string()]);
+        assert_eq!(pack.limits.deadline, Duration::from_millis(2500));
+        assert_eq!(
+            pack.limits.memory_bytes,
+            Limits::default().memory_bytes,
+            "default kept"
+        );
+        assert_eq!(pack.concurrency, 2);
+        assert_eq!(pack.mode, Mode::Active);
+    }
+
+    #[test]
+    fn a_raw_component_without_pin_or_grants_gets_defaults_and_no_grants() {
+        let cm = ConfigMap {
+            binary_data: Some(BTreeMap::from([(
+                RAW_KEY.into(),
+                ByteString(COMPONENT.to_vec()),
+            )])),
+            ..Default::default()
+        };
+        let pack = PluginPack::from_config_map(&cm, &defaults()).expect("valid pack");
+        assert_eq!(pack.component, COMPONENT);
+        assert!(
+            pack.grants.app_call_ports.is_empty(),
+            "ungranted plugins get no app-calls"
+        );
+        assert_eq!(pack.limits, Limits::default());
+        assert_eq!(pack.concurrency, 8);
+    }
+
+    #[test]
+    fn a_stale_pin_is_a_checksum_mismatch() {
+        let cm = with_data(packed(), SHA256_KEY, &"ab".repeat(32));
+        let error = refusal(&cm);
+        assert!(
+            matches!(error, PackError::ChecksumMismatch { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("checksum mismatch"), "{error}");
+    }
+
+    #[test]
+    fn a_pin_that_is_not_hex_is_refused() {
+        assert!(matches!(
+            refusal(&with_data(packed(), SHA256_KEY, "abc")),
+            PackError::BadPin { .. }
+        ));
+    }
+
+    #[test]
+    fn a_corrupt_gzip_stream_is_a_gzip_error() {
+        let mut cm = packed();
+        cm.binary_data = Some(BTreeMap::from([(
+            GZIP_KEY.into(),
+            ByteString(b"not gzip".to_vec()),
+        )]));
+        let error = refusal(&cm);
+        assert!(matches!(error, PackError::Gzip { .. }), "{error}");
+        assert_eq!(error.reason(), "PluginGzipInvalid");
+    }
+
+    #[test]
+    fn no_component_and_two_components_are_refused() {
+        let mut none = packed();
+        none.binary_data = None;
+        assert!(matches!(refusal(&none), PackError::NoComponent { .. }));
+        let mut two = packed();
+        two.binary_data
+            .get_or_insert_with(BTreeMap::new)
+            .insert(RAW_KEY.into(), ByteString(COMPONENT.to_vec()));
+        assert!(matches!(refusal(&two), PackError::TwoComponents { .. }));
+    }
+
+    #[test]
+    fn limits_out_of_range_or_misspelt_are_refused() {
+        for limits in [
+            "memoryMiB: 4096",
+            "deadlineMs: 0",
+            "concurrency: 1000",
+            "outputKiB: 0",
+            "deadlineMillis: 5",
+        ] {
+            let error = refusal(&with_data(packed(), LIMITS_KEY, limits));
+            assert!(
+                matches!(error, PackError::Limits { .. }),
+                "{limits}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn grants_that_are_not_a_port_list_are_refused() {
+        let error = refusal(&with_data(packed(), GRANTS_KEY, "appCall: {port: 1}"));
+        assert!(matches!(error, PackError::Grants { .. }), "{error}");
+    }
+
+    #[test]
+    fn mode_is_active_or_shadow() {
+        let shadow = with_data(packed(), MODE_KEY, "shadow");
+        let pack = PluginPack::from_config_map(&shadow, &defaults()).expect("valid pack");
+        assert_eq!(pack.mode, Mode::Shadow);
+        assert!(matches!(
+            refusal(&with_data(packed(), MODE_KEY, "canary")),
+            PackError::Mode { .. }
+        ));
+    }
+}

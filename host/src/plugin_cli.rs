@@ -1,0 +1,163 @@
+//! The plugin author's and admin's tools behind `policy-host validate` and `policy-host pack`:
+//! the same checks the host runs when it loads a ConfigMap, offline, with no cluster.
+
+use std::path::Path;
+
+use crate::decide::contract::{CONTRACT_VERSION, Capability};
+use crate::decide::{Limits, Sandbox};
+use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
+use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
+
+/// Largest ConfigMap the API server stores (etcd's default request limit).
+pub const CONFIG_MAP_LIMIT: usize = 1 << 20;
+
+/// Why a plugin tool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The plugin was refused, as the host would refuse it.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The sandbox could not start.
+    #[error(transparent)]
+    Sandbox(#[from] crate::decide::DecideError),
+    /// The limits given are out of range.
+    #[error("{0}")]
+    Limits(String),
+    /// The pack could not be written.
+    #[error("cannot write the pack: {0}")]
+    Write(String),
+    /// The pack would not fit a ConfigMap.
+    #[error(
+        "the packed plugin is {size} bytes, over the {CONFIG_MAP_LIMIT} byte ConfigMap limit; build it with the `plugin` profile (opt-level s, LTO, stripped) to make it smaller"
+    )]
+    TooLarge {
+        /// The ConfigMap's size.
+        size: usize,
+    },
+}
+
+/// What `validate` found: the self-description and the checks it passed, as JSON.
+pub async fn validate(
+    path: &Path,
+    limits: &LimitsSpec,
+    defaults: &PackDefaults,
+) -> Result<serde_json::Value, CliError> {
+    let (limits, concurrency) = limits.resolve(defaults).map_err(CliError::Limits)?;
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let loader = PluginLoader::new(Sandbox::new()?, None);
+    let sha256 = pack::sha256_hex(&bytes);
+    let (plugin, _) = loader
+        .load(&path.display().to_string(), &bytes, &sha256, limits.clone())
+        .await?;
+    let packed = pack::to_config_map(&bytes, &PackOptions::default())
+        .map_err(|e| CliError::Write(e.to_string()))?;
+    let packed_size = serde_json::to_vec(&packed).map_or(0, |v| v.len());
+    let info = plugin.info();
+    Ok(serde_json::json!({
+        "valid": true,
+        "contract": format!("{CONTRACT_PACKAGE}@{CONTRACT_VERSION}"),
+        "world": "policy-plugin",
+        "name": info.name,
+        "version": info.version,
+        "sha256": sha256,
+        "target": info.target.to_string(),
+        "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        "capabilities": info.capabilities.iter().map(|c| match c {
+            Capability::AppCall(port) => format!("app-call({port})"),
+        }).collect::<Vec<_>>(),
+        "wantsFinalizer": info.wants_finalizer,
+        "describedWithin": {
+            "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
+            "memoryMiB": limits.memory_bytes >> 20,
+            "outputKiB": limits.output_bytes >> 10,
+            "concurrency": concurrency,
+        },
+        "componentBytes": bytes.len(),
+        "packedConfigMapBytes": packed_size,
+        "fitsConfigMap": packed_size <= CONFIG_MAP_LIMIT,
+    }))
+}
+
+/// What `pack` needs besides the component.
+#[derive(Clone, Debug, Default)]
+pub struct PackRequest {
+    /// ConfigMap name (`None`: the plugin's own name).
+    pub name: Option<String>,
+    /// ConfigMap namespace.
+    pub namespace: Option<String>,
+    /// Ports granted for app-calls.
+    pub grants: Vec<String>,
+    /// Grant every capability the plugin asks for (added to `grants`).
+    pub grant_requested: bool,
+    /// Limits to write.
+    pub limits: LimitsSpec,
+    /// Shadow instead of active.
+    pub shadow: bool,
+}
+
+/// Validates the plugin as the host would, then writes its pack ConfigMap as YAML.
+pub async fn pack(
+    path: &Path,
+    request: &PackRequest,
+    defaults: &PackDefaults,
+) -> Result<String, CliError> {
+    let (limits, _) = request.limits.resolve(defaults).map_err(CliError::Limits)?;
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let loader = PluginLoader::new(Sandbox::new()?, None);
+    let sha256 = pack::sha256_hex(&bytes);
+    let (plugin, _) = loader
+        .load(&path.display().to_string(), &bytes, &sha256, limits)
+        .await?;
+    let mut grants = request.grants.clone();
+    if request.grant_requested {
+        for Capability::AppCall(port) in &plugin.info().capabilities {
+            if !grants.contains(port) {
+                grants.push(port.clone());
+            }
+        }
+    }
+    let options = PackOptions {
+        name: request
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("plugin-{}", plugin.info().name)),
+        namespace: request.namespace.clone(),
+        grants,
+        limits: request.limits.clone(),
+        mode: if request.shadow {
+            Mode::Shadow
+        } else {
+            Mode::Active
+        },
+    };
+    let config_map =
+        pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
+    let size = serde_json::to_vec(&config_map).map_or(0, |v| v.len());
+    if size > CONFIG_MAP_LIMIT {
+        return Err(CliError::TooLarge { size });
+    }
+    let header = format!(
+        "# {} packed by `policy-host pack` (sha256 {sha256}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+        plugin.label()
+    );
+    let yaml = serde_yaml::to_string(&config_map).map_err(|e| CliError::Write(e.to_string()))?;
+    Ok(format!("{header}{yaml}"))
+}
+
+/// The defaults `validate` and `pack` check limits against: the host's own defaults.
+pub fn host_defaults() -> PackDefaults {
+    PackDefaults {
+        limits: Limits::default(),
+        concurrency: 8,
+    }
+}
