@@ -100,7 +100,10 @@ impl Executor {
         for action in actions {
             match action {
                 Action::Apply(json) => self.apply_child(parent, &json).await?,
-                Action::Delete(target) => self.delete_child(parent, observed, &target.kind, &target.name).await?,
+                Action::Delete(target) => {
+                    self.delete_child(parent, observed, &target.kind, &target.name)
+                        .await?
+                }
                 Action::SetStatus(json) => self.set_status(parent, &json).await?,
                 Action::RecordEvent(event) => self.record_event(parent, event).await?,
             }
@@ -132,13 +135,17 @@ impl Executor {
     async fn apply_child(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
         let mut object: Value = serde_json::from_str(json)
             .map_err(|e| self.refused(format!("an applied object is not valid JSON: {e}")))?;
-        let api_version = object["apiVersion"].as_str().unwrap_or_default().to_string();
+        let api_version = object["apiVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if name.is_empty() {
-            return Err(self.refused(format!(
-                "an applied {kind_name} has no metadata.name"
-            )));
+            return Err(self.refused(format!("an applied {kind_name} has no metadata.name")));
         }
         let kind = self.declared(&api_version, &kind_name).cloned().ok_or_else(|| {
             self.refused(format!(
@@ -164,12 +171,16 @@ impl Executor {
 
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &api_resource(&kind));
-        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object))
-            .await
-            .map_err(|source| ActError::Api {
-                what: format!("applying {kind_name} {namespace}/{name}"),
-                source,
-            })?;
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|source| ActError::Api {
+            what: format!("applying {kind_name} {namespace}/{name}"),
+            source,
+        })?;
         Ok(())
     }
 
@@ -181,9 +192,14 @@ impl Executor {
         kind: &KindRef,
         name: &str,
     ) -> Result<(), ActError> {
-        let declared = self.declared(&kind.api_version(), &kind.kind).cloned().ok_or_else(|| {
-            self.refused(format!("it deleted {kind} `{name}`, a kind it did not declare as a child"))
-        })?;
+        let declared = self
+            .declared(&kind.api_version(), &kind.kind)
+            .cloned()
+            .ok_or_else(|| {
+                self.refused(format!(
+                    "it deleted {kind} `{name}`, a kind it did not declare as a child"
+                ))
+            })?;
         let controlled = observed
             .owned
             .get(&declared.to_string())

@@ -218,12 +218,7 @@ mod tests {
                     .collect(),
             },
         );
-        AppCallScope::new(
-            "ns/db".into(),
-            pods,
-            vec!["client".into()],
-            http_client(),
-        )
+        AppCallScope::new("ns/db".into(), pods, vec!["client".into()], http_client())
     }
 
     fn request(pod: &str, port: &str, path: &str) -> Request {

@@ -14,7 +14,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action as ControllerAction, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
@@ -103,7 +103,11 @@ impl Default for ControllerOptions {
 }
 
 /// Every object of `resource`, in the watched namespace or in all of them.
-fn scoped_api(client: &Client, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
+fn scoped_api(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
     match namespace {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
@@ -135,9 +139,9 @@ pub async fn run(
 
     let mut controller =
         Controller::new_with(parents, watcher::Config::default(), parent_resource.clone())
-        .with_config(ControllerConfig::default().concurrency(options.concurrency))
-        // A newly loaded version decides for every parent at once (hot swap).
-        .reconcile_all_on(store.replacements(&policy));
+            .with_config(ControllerConfig::default().concurrency(options.concurrency))
+            // A newly loaded version decides for every parent at once (hot swap).
+            .reconcile_all_on(store.replacements(&policy));
     let mut caches = Vec::new();
     for kind in &info.children {
         let resource = api_resource(kind);
@@ -320,7 +324,11 @@ impl PolicyController {
     }
 
     /// Adds or removes this policy's finalizer on the parent.
-    async fn patch_finalizers(&self, parent: &DynamicObject, add: bool) -> Result<(), ReconcileError> {
+    async fn patch_finalizers(
+        &self,
+        parent: &DynamicObject,
+        add: bool,
+    ) -> Result<(), ReconcileError> {
         let finalizer = self.finalizer();
         let mut finalizers: Vec<String> = parent
             .finalizers()
@@ -343,7 +351,11 @@ impl PolicyController {
             }
         });
         match api
-            .patch(&parent.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &parent.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
             Ok(_) => Ok(()),

@@ -38,7 +38,10 @@ pub struct Observed {
 }
 
 /// Builds the observation of `parent` from the child caches.
-pub fn observe(parent: &DynamicObject, caches: &[ChildCache]) -> Result<Observed, serde_json::Error> {
+pub fn observe(
+    parent: &DynamicObject,
+    caches: &[ChildCache],
+) -> Result<Observed, serde_json::Error> {
     let parent_uid = parent.uid().unwrap_or_default();
     let mut children = Vec::new();
     let mut pods = HashMap::new();

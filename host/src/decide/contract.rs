@@ -1,19 +1,26 @@
 //! The WIT contract (`wit/policy.wit`) as Rust types: generated bindings, shared by the
 //! observe, decide and act stages.
 
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "policy-plugin",
-    imports: { default: async },
-    exports: { default: async },
-});
+/// The bindings generated from `wit/policy.wit`; the WIT file is their documentation.
+#[allow(missing_docs)]
+mod generated {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "policy-plugin",
+        imports: { default: async },
+        exports: { default: async },
+        additional_derives: [PartialEq],
+    });
+}
 
-pub use exports::policy_host::policy::policy::PolicyError;
-pub use policy_host::policy::app_call;
-pub use policy_host::policy::log::Level as LogLevel;
-pub use policy_host::policy::types::{
-    Action, Capability, Child, Decision, Event, EventType, FinalizeDecision, KindRef,
-    ObjectRef, Observation, PolicyInfo, Timestamp,
+pub use generated::*;
+
+pub use generated::exports::policy_host::policy::policy::PolicyError;
+pub use generated::policy_host::policy::app_call;
+pub use generated::policy_host::policy::log::Level as LogLevel;
+pub use generated::policy_host::policy::types::{
+    Action, Capability, Child, Decision, Event, EventType, FinalizeDecision, KindRef, ObjectRef,
+    Observation, PolicyInfo, Timestamp,
 };
 
 /// The contract version this host serves, from the WIT package.

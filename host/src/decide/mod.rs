@@ -30,7 +30,9 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::app_call::AppCallScope;
-use contract::{Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre};
+use contract::{
+    Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre,
+};
 
 /// How often the epoch advances; the resolution of the deadline.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -350,7 +352,12 @@ impl Plugin {
     async fn describe(&self) -> Result<PolicyInfo, DecideError> {
         let doing = "describing itself".to_string();
         self.run(AppCallScope::none(), None, &doing, |plugin, store| {
-            Box::pin(async move { plugin.policy_host_policy_policy().call_describe(store).await })
+            Box::pin(async move {
+                plugin
+                    .policy_host_policy_policy()
+                    .call_describe(store)
+                    .await
+            })
         })
         .await
     }
