@@ -32,17 +32,25 @@ pub async fn install_crd_object(
 ) -> anyhow::Result<String> {
     let name = crd.metadata.name.clone().unwrap_or_default();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(&name, &PatchParams::apply("policy-host-e2e").force(), &Patch::Apply(&crd))
-        .await?;
-    wait_for(&format!("CRD {name} established"), Duration::from_secs(60), || async {
-        let crd = crds.get_opt(&name).await.ok().flatten()?;
-        let established = crd
-            .status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        established.then_some(())
-    })
+    crds.patch(
+        &name,
+        &PatchParams::apply("policy-host-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    wait_for(
+        &format!("CRD {name} established"),
+        Duration::from_secs(60),
+        || async {
+            let crd = crds.get_opt(&name).await.ok().flatten()?;
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        },
+    )
     .await?;
     Ok(name)
 }
@@ -63,16 +71,51 @@ impl HostUnderTest {
         namespace: &str,
         limits: Limits,
     ) -> anyhow::Result<Self> {
-        let client = env.client().await?;
+        let settings = Self::settings(namespace, limits)?;
+        Self::start_with(
+            env,
+            Settings {
+                policy_files: plugins.to_vec(),
+                ..settings
+            },
+        )
+        .await
+    }
+
+    /// Starts the host with no plugin files, loading plugin ConfigMaps from `namespace` (and
+    /// reconciling there), with a fresh artifact cache.
+    pub async fn start_loading_config_maps(
+        env: &TestEnv,
+        namespace: &str,
+        limits: Limits,
+    ) -> anyhow::Result<Self> {
+        let cache = std::env::temp_dir().join(format!("policy-host-artifacts-{namespace}"));
         let settings = Settings {
-            policy_files: plugins.to_vec(),
+            plugin_namespace: Some(namespace.to_string()),
+            artifact_cache: Some(cache),
+            ..Self::settings(namespace, limits)?
+        };
+        Self::start_with(env, settings).await
+    }
+
+    /// Settings for a host scoped to `namespace`, admin endpoint on a free port, no plugins.
+    pub fn settings(namespace: &str, limits: Limits) -> anyhow::Result<Settings> {
+        Ok(Settings {
+            policy_files: Vec::new(),
+            plugin_namespace: None,
+            artifact_cache: None,
             limits,
             admin_addr: Some("127.0.0.1:0".parse()?),
             controller: policy_host::controller::ControllerOptions {
                 concurrency: 4,
                 namespace: Some(namespace.to_string()),
             },
-        };
+        })
+    }
+
+    /// Starts the host with `settings`.
+    pub async fn start_with(env: &TestEnv, settings: Settings) -> anyhow::Result<Self> {
+        let client = env.client().await?;
         let (stop, stopped) = oneshot::channel::<()>();
         let (started_tx, started_rx) = oneshot::channel();
         let task = tokio::spawn(async move {
@@ -82,11 +125,7 @@ impl HostUnderTest {
             let mut started_tx = Some(started_tx);
             let outcome = policy_host::run(client, settings, shutdown, |running| {
                 if let Some(tx) = started_tx.take() {
-                    let _ = tx.send(Running {
-                        store: running.store.clone(),
-                        metrics: running.metrics.clone(),
-                        admin_addr: running.admin_addr,
-                    });
+                    let _ = tx.send(running.clone());
                 }
             })
             .await;
@@ -97,7 +136,9 @@ impl HostUnderTest {
         let running = tokio::time::timeout(Duration::from_secs(120), started_rx)
             .await
             .map_err(|_| anyhow::anyhow!("policy-host did not start within 120 s"))?
-            .map_err(|_| anyhow::anyhow!("policy-host stopped before it started; see the log above"))?;
+            .map_err(|_| {
+                anyhow::anyhow!("policy-host stopped before it started; see the log above")
+            })?;
         Ok(Self {
             stop: Some(stop),
             task,

@@ -1,0 +1,358 @@
+//! Plugins loaded through ConfigMaps, against the real API server: v1 loads and decides, v2
+//! swaps in with no restart, broken versions are refused with an Event while v2 keeps deciding,
+//! and deleting the ConfigMap stops the controller. The `misbehaving` test plugin is built in
+//! versions that write their own version into each Probe's status, so every decision says
+//! which version made it.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use policy_host::decide::Limits;
+use policy_host::load::pack::{self, PackOptions};
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object};
+use policy_host_testenv::{shared, wait_for};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(90);
+const PACK: &str = "plugin-probe";
+
+fn probes() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.policy-host.io", "v1", "Probe"),
+        "probes",
+    )
+}
+
+fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": "probes.test.policy-host.io" },
+        "spec": {
+            "group": "test.policy-host.io",
+            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
+                    }
+                }}
+            }]
+        }
+    }))?)
+}
+
+fn build(version: &str) -> anyhow::Result<Vec<u8>> {
+    let path =
+        policy_host_test_plugins::build_version(version).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(std::fs::read(path)?)
+}
+
+/// The pack `policy-host pack` would write for `component`.
+fn packed(component: &[u8]) -> anyhow::Result<ConfigMap> {
+    Ok(pack::to_config_map(
+        component,
+        &PackOptions {
+            name: PACK.into(),
+            ..Default::default()
+        },
+    )?)
+}
+
+/// A pack carrying `bytes` raw, with no pin: for components the CLI would refuse to pack.
+fn raw_pack(bytes: &[u8]) -> ConfigMap {
+    ConfigMap {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(PACK.into()),
+            labels: Some([(pack::PLUGIN_LABEL.to_string(), "true".to_string())].into()),
+            ..Default::default()
+        },
+        binary_data: Some([(pack::RAW_KEY.to_string(), ByteString(bytes.to_vec()))].into()),
+        data: Some(Default::default()),
+        ..Default::default()
+    }
+}
+
+/// Replaces the pack (a full replace, so keys of an earlier version do not linger).
+async fn apply_pack(config_maps: &Api<ConfigMap>, mut cm: ConfigMap) -> anyhow::Result<()> {
+    cm.metadata.managed_fields = None;
+    config_maps
+        .patch(
+            PACK,
+            &PatchParams::apply("plugin-loading-e2e").force(),
+            &Patch::Apply(&cm),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn apply_probe(api: &Api<DynamicObject>, name: &str, touch: &str) -> anyhow::Result<()> {
+    let object = json!({
+        "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+        "metadata": { "name": name }, "spec": { "behaviour": "ok", "touch": touch }
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("plugin-loading-e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn plugin_version_in_status(api: &Api<DynamicObject>, name: &str) -> Option<String> {
+    let object = api.get_opt(name).await.ok().flatten()?;
+    Some(
+        object
+            .data
+            .get("status")?
+            .get("pluginVersion")?
+            .as_str()?
+            .to_string(),
+    )
+}
+
+async fn wait_decided_by(
+    api: &Api<DynamicObject>,
+    name: &str,
+    version: &str,
+) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{name} decided by version {version}"),
+        WAIT,
+        || async {
+            (plugin_version_in_status(api, name).await.as_deref() == Some(version)).then_some(())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn pack_event(events: &Api<Event>, reason: &str) -> anyhow::Result<Event> {
+    Ok(wait_for(
+        &format!("a {reason} Event on the pack ConfigMap"),
+        WAIT,
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(PACK)
+                        && e.reason.as_deref() == Some(reason)
+                })
+        },
+    )
+    .await?)
+}
+
+async fn get(url: &str) -> anyhow::Result<String> {
+    Ok(policy_host::app_call::http_client()
+        .get(url)
+        .send()
+        .await?
+        .text()
+        .await?)
+}
+
+async fn loaded_plugins(admin: std::net::SocketAddr) -> anyhow::Result<Vec<Value>> {
+    let text = get(&format!("http://{admin}/plugins")).await?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Removes the plugin's finalizers so the namespace can go once no host runs.
+async fn release(api: &Api<DynamicObject>, names: &[&str]) {
+    for name in names {
+        let patch = json!({ "metadata": { "finalizers": null } });
+        let _ = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> {
+    init_logging();
+    let (v1, v2) = (build("1.0.0")?, build("2.0.0")?);
+    let env = shared().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("plugin-loading").await?;
+    let limits = Limits {
+        deadline: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let host = HostUnderTest::start_loading_config_maps(env, &namespace, limits).await?;
+    let admin = host
+        .running
+        .admin_addr
+        .ok_or_else(|| anyhow::anyhow!("no admin address"))?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
+
+    // v1 through a ConfigMap: the CR reconciles, and the host says what it loaded.
+    apply_pack(&config_maps, packed(&v1)?).await?;
+    apply_probe(&api, "first", "a").await?;
+    wait_decided_by(&api, "first", "1.0.0").await?;
+    pack_event(&events, "PluginLoaded").await?;
+    let listed = loaded_plugins(admin).await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "misbehaving");
+    assert_eq!(listed[0]["version"], "1.0.0");
+    assert_eq!(listed[0]["sha256"], pack::sha256_hex(&v1));
+    assert_eq!(listed[0]["target"], "probes.test.policy-host.io/v1");
+    assert_eq!(listed[0]["source"], format!("configmap {namespace}/{PACK}"));
+    assert!(
+        listed[0]["since"].as_str().is_some_and(|s| !s.is_empty()),
+        "{listed:?}"
+    );
+
+    // v2: the same host, no restart; the swap alone makes every parent decide again.
+    apply_pack(&config_maps, packed(&v2)?).await?;
+    wait_decided_by(&api, "first", "2.0.0").await?;
+    apply_probe(&api, "second", "a").await?;
+    wait_decided_by(&api, "second", "2.0.0").await?;
+    pack_event(&events, "PluginSwapped").await?;
+
+    // Broken v3s: each refused with an Event saying why; v2 keeps deciding.
+    let mut pinned_wrong = packed(&v1)?;
+    pinned_wrong
+        .data
+        .get_or_insert_with(Default::default)
+        .insert(pack::SHA256_KEY.into(), pack::sha256_hex(&v2));
+    let broken: Vec<(&str, ConfigMap)> = vec![
+        (
+            "PluginNotAComponent",
+            raw_pack(b"this is a text file, not a plugin"),
+        ),
+        ("PluginWrongWorld", raw_pack(b"\0asm\x0d\0\x01\0")),
+        ("PluginChecksumMismatch", pinned_wrong),
+    ];
+    for (reason, cm) in broken {
+        apply_pack(&config_maps, cm).await?;
+        let event = pack_event(&events, reason).await?;
+        assert_eq!(event.type_.as_deref(), Some("Warning"), "{reason}");
+        let note = event.note.unwrap_or_default();
+        assert!(
+            note.contains("misbehaving@2.0.0 keeps running"),
+            "{reason}: {note}"
+        );
+    }
+    apply_probe(&api, "third", "a").await?;
+    wait_decided_by(&api, "third", "2.0.0").await?;
+    apply_probe(&api, "first", "b").await?;
+    wait_decided_by(&api, "first", "2.0.0").await?;
+    assert_eq!(loaded_plugins(admin).await?[0]["version"], "2.0.0");
+    let metrics = get(&format!("http://{admin}/metrics")).await?;
+    for outcome in [
+        "Loaded",
+        "Swapped",
+        "PluginNotAComponent",
+        "PluginWrongWorld",
+        "PluginChecksumMismatch",
+    ] {
+        assert!(
+            metrics.contains(&format!("outcome=\"{outcome}\"")),
+            "no plugin_loads count for {outcome}:\n{metrics}"
+        );
+    }
+
+    // Delete: the policy is unloaded and its controller stops.
+    config_maps.delete(PACK, &DeleteParams::default()).await?;
+    pack_event(&events, "PluginUnloaded").await?;
+    wait_for("the controller of `misbehaving` stopped", WAIT, || async {
+        let metrics = get(&format!("http://{admin}/metrics")).await.ok()?;
+        metrics
+            .contains("policy_host_controllers{policy=\"misbehaving\"} 0")
+            .then_some(())
+    })
+    .await?;
+    assert!(loaded_plugins(admin).await?.is_empty());
+    // A parent created now gets no decision. (A bounded wait for something that must *not*
+    // happen; the controller is already known stopped, so this only guards against a leak.)
+    apply_probe(&api, "after-unload", "a").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(plugin_version_in_status(&api, "after-unload").await, None);
+
+    host.stop().await;
+    release(&api, &["first", "second", "third", "after-unload"]).await;
+    Ok(())
+}
+
+/// Time from applying a pack ConfigMap to the new version's first decision, over alternating
+/// swaps between two versions (the first load of each compiles; later ones hit the artifact
+/// cache). Prints the figures; run with
+/// `cargo test -p policy-host-e2e --test plugin_loading -- --ignored --nocapture swap_latency`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures for BENCHMARKS.md"]
+async fn swap_latency() -> anyhow::Result<()> {
+    init_logging();
+    const REPEATS: usize = 11;
+    let (v1, v2) = (build("1.0.0")?, build("2.0.0")?);
+    let env = shared().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("swap-latency").await?;
+    let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
+
+    let mut samples = Vec::new();
+    for round in 0..REPEATS + 2 {
+        let (bytes, version) = if round % 2 == 0 {
+            (&v1, "1.0.0")
+        } else {
+            (&v2, "2.0.0")
+        };
+        let started = Instant::now();
+        apply_pack(&config_maps, packed(bytes)?).await?;
+        if round == 0 {
+            apply_probe(&api, "timed", "a").await?;
+        }
+        loop {
+            if plugin_version_in_status(&api, "timed").await.as_deref() == Some(version) {
+                break;
+            }
+            if started.elapsed() > WAIT {
+                anyhow::bail!("version {version} did not decide within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = started.elapsed();
+        println!(
+            "round {round}: {version} deciding {took:?} after the apply{}",
+            if round < 2 {
+                " (first load: compiles)"
+            } else {
+                ""
+            }
+        );
+        if round >= 2 {
+            samples.push(took);
+        }
+    }
+    samples.sort();
+    let median = samples[samples.len() / 2];
+    println!(
+        "swap latency over {} cached swaps: median {median:?}, min {:?}, max {:?}",
+        samples.len(),
+        samples[0],
+        samples[samples.len() - 1]
+    );
+    host.stop().await;
+    release(&api, &["timed"]).await;
+    Ok(())
+}
