@@ -5,6 +5,7 @@
 //! - `test`: `setup`, then every test in the workspace, end-to-end suites included;
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied;
 //! - `crdgen`: writes `deploy/crds/` from the plugins' Rust types;
+//! - `pack-policies`: builds the etcd plugin and writes its ConfigMap pack to `policies/`;
 //! - `demo`: a local control plane, the host with the etcd plugin, an `EtcdCluster` converging.
 
 mod demo;
@@ -37,6 +38,12 @@ enum Task {
     /// Write the CRDs in deploy/crds/ from the plugins' Rust types.
     Crdgen {
         /// Fail if the files on disk differ from the generated ones instead of writing them.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the etcd plugin and write its ConfigMap pack to policies/etcd.yaml (`policy-host pack`).
+    PackPolicies {
+        /// Fail if the file on disk differs from the generated one instead of writing it.
         #[arg(long)]
         check: bool,
     },
@@ -76,6 +83,7 @@ fn main() -> anyhow::Result<()> {
             ]))
         }
         Task::Crdgen { check } => crdgen(&root, check),
+        Task::PackPolicies { check } => pack_policies(&root, check),
         Task::Demo { cluster } => demo::run(&root, &cluster),
     }
 }
@@ -112,12 +120,13 @@ fn setup(root: &Path) -> anyhow::Result<()> {
     } else {
         eprintln!("rustup not found: assuming the toolchain already has wasm32-wasip2");
     }
-    step("control-plane and etcd binaries (cached after the first build; a cold build takes ~20 min)");
+    step(
+        "control-plane and etcd binaries (cached after the first build; a cold build takes ~20 min)",
+    );
     run(Command::new("bash").arg(root.join("tests/env/build-binaries.sh")))?;
     step("plugins (wasm32-wasip2)");
     for plugin in ["guest-etcd", "misbehaving-policy"] {
-        let path = policy_host_test_plugins::build(plugin)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let path = policy_host_test_plugins::build(plugin).map_err(|e| anyhow::anyhow!("{e}"))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         eprintln!("built {} ({} KiB)", path.display(), size / 1024);
     }
@@ -143,6 +152,52 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(root.join("deploy/crds"))?;
+    std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Packs the etcd plugin with the host's own `pack` command, so the file in `policies/` is
+/// exactly what an admin gets from the CLI: namespace `policy-host`, app-calls granted to the
+/// `client` port of its own pods (the etcd gateway it asks for), host default limits.
+fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
+    step("build the etcd plugin (wasm32-wasip2, plugin profile)");
+    let wasm = policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+    step("policy-host pack");
+    let output = Command::new(cargo())
+        .args(["run", "--quiet", "-p", "policy-host", "--", "pack"])
+        .arg(&wasm)
+        .args([
+            "--name",
+            "plugin-etcd",
+            "--namespace",
+            "policy-host",
+            "--grant",
+            "client",
+        ])
+        .output()
+        .context("cannot run `cargo run -p policy-host -- pack`")?;
+    if !output.status.success() {
+        bail!(
+            "policy-host pack failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let yaml = String::from_utf8(output.stdout).context("pack wrote non-UTF-8 YAML")?;
+    let path = root.join("policies/etcd.yaml");
+    if check {
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        if on_disk != yaml {
+            bail!(
+                "{} is out of date with guest-etcd; run `cargo xtask pack-policies` and commit it",
+                path.display()
+            );
+        }
+        eprintln!("{} is up to date", path.display());
+        return Ok(());
+    }
+    std::fs::create_dir_all(root.join("policies"))?;
     std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
