@@ -327,7 +327,7 @@ impl LimitsSpec {
         let memory_bytes = self.memory_mib.map_or(defaults.limits.memory_bytes, |mib| {
             mib.saturating_mul(1 << 20)
         });
-        if memory_bytes < (1 << 20) || memory_bytes > MAX_PLUGIN_MEMORY {
+        if !((1 << 20)..=MAX_PLUGIN_MEMORY).contains(&memory_bytes) {
             return Err(format!(
                 "memoryMiB {} is out of range; use 1..={} (the sandbox's per-instance ceiling)",
                 memory_bytes >> 20,
@@ -337,7 +337,7 @@ impl LimitsSpec {
         let output_bytes = self.output_kib.map_or(defaults.limits.output_bytes, |kib| {
             kib.saturating_mul(1 << 10)
         });
-        if output_bytes < (1 << 10) || output_bytes > (64 << 20) {
+        if !((1 << 10)..=(64 << 20)).contains(&output_bytes) {
             return Err(format!(
                 "outputKiB {} is out of range; use 1..=65536",
                 output_bytes >> 10
