@@ -50,13 +50,19 @@ fn observation(behaviour: &str, extra: serde_json::Value) -> Observation {
 
 async fn decide(plugin: &Plugin, behaviour: &str) -> Result<Vec<Action>, DecideError> {
     plugin
-        .reconcile(&observation(behaviour, json!({})), AppCallScope::none(), "testing")
+        .reconcile(
+            &observation(behaviour, json!({})),
+            AppCallScope::none(),
+            "testing",
+        )
         .await
         .map(|d| d.actions)
 }
 
 async fn good_decision_still_works(plugin: &Plugin) {
-    let actions = decide(plugin, "ok").await.expect("a good reconcile succeeds");
+    let actions = decide(plugin, "ok")
+        .await
+        .expect("a good reconcile succeeds");
     assert_eq!(actions.len(), 3, "apply + status + event: {actions:?}");
     match &actions[0] {
         Action::Apply(object) => assert!(object.contains("probe-ok-out"), "{object}"),
@@ -68,7 +74,10 @@ async fn good_decision_still_works(plugin: &Plugin) {
 async fn plugin_describes_itself_on_load() {
     let sandbox = Sandbox::new().expect("sandbox");
     let plugin = misbehaving(&sandbox).await;
-    assert_eq!(plugin.label(), format!("misbehaving@{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        plugin.label(),
+        format!("misbehaving@{}", env!("CARGO_PKG_VERSION"))
+    );
     assert_eq!(plugin.info().target.kind, "Probe");
     assert_eq!(plugin.info().children.len(), 1);
     assert!(plugin.info().wants_finalizer);
@@ -80,7 +89,9 @@ async fn endless_loop_is_stopped_at_the_deadline() {
     let sandbox = Sandbox::new().expect("sandbox");
     let plugin = misbehaving(&sandbox).await;
     let started = Instant::now();
-    let error = decide(&plugin, "loop").await.expect_err("a loop cannot decide");
+    let error = decide(&plugin, "loop")
+        .await
+        .expect_err("a loop cannot decide");
     let took = started.elapsed();
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
     assert!(error.to_string().contains("deadline"), "{error}");
@@ -93,8 +104,13 @@ async fn endless_loop_is_stopped_at_the_deadline() {
 async fn memory_bomb_hits_the_memory_cap() {
     let sandbox = Sandbox::new().expect("sandbox");
     let plugin = misbehaving(&sandbox).await;
-    let error = decide(&plugin, "memory").await.expect_err("a memory bomb cannot decide");
-    assert!(matches!(error, DecideError::Memory { limit_mib: 32, .. }), "{error}");
+    let error = decide(&plugin, "memory")
+        .await
+        .expect_err("a memory bomb cannot decide");
+    assert!(
+        matches!(error, DecideError::Memory { limit_mib: 32, .. }),
+        "{error}"
+    );
     assert!(error.to_string().contains("32 MiB memory limit"), "{error}");
     good_decision_still_works(&plugin).await;
 }
@@ -111,7 +127,10 @@ async fn huge_output_is_refused() {
         )
         .await
         .expect_err("4 MiB is over the 1 MiB output cap");
-    assert!(matches!(error, DecideError::Output { limit, .. } if limit == 1 << 20), "{error}");
+    assert!(
+        matches!(error, DecideError::Output { limit, .. } if limit == 1 << 20),
+        "{error}"
+    );
     // Under the cap, the same behaviour is fine.
     let small = plugin
         .reconcile(
@@ -129,9 +148,17 @@ async fn huge_output_is_refused() {
 async fn trap_becomes_an_error_not_a_crash() {
     let sandbox = Sandbox::new().expect("sandbox");
     let plugin = misbehaving(&sandbox).await;
-    let error = decide(&plugin, "trap").await.expect_err("a panic cannot decide");
+    let error = decide(&plugin, "trap")
+        .await
+        .expect_err("a panic cannot decide");
     assert!(matches!(error, DecideError::Trap { .. }), "{error}");
     assert_eq!(error.reason(), "PluginCrashed");
+    // The plugin's own panic message is in the error, captured from its (bounded) stderr.
+    assert!(
+        error.to_string().contains("deliberate trap for probe-trap"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("bug in the plugin"), "{error}");
     good_decision_still_works(&plugin).await;
 }
 
@@ -141,7 +168,10 @@ async fn refusal_carries_the_plugins_reason() {
     let plugin = misbehaving(&sandbox).await;
     let error = decide(&plugin, "refuse").await.expect_err("refuses");
     assert_eq!(error.reason(), "InvalidSpec");
-    assert!(error.to_string().contains("change spec.behaviour"), "{error}");
+    assert!(
+        error.to_string().contains("change spec.behaviour"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -151,7 +181,10 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
     let mut pods = HashMap::new();
     pods.insert(
         "own-0".to_string(),
-        PodEndpoint { ip: Some("127.0.0.1".into()), named_ports: HashMap::new() },
+        PodEndpoint {
+            ip: Some("127.0.0.1".into()),
+            named_ports: HashMap::new(),
+        },
     );
     let scope = AppCallScope::new(
         "default/probe".into(),
@@ -195,6 +228,9 @@ async fn a_looping_plugin_does_not_hold_up_good_decisions() {
     for _ in 0..20 {
         good_decision_still_works(&plugin).await;
     }
-    let error = looping.await.expect("task joins").expect_err("loop stopped");
+    let error = looping
+        .await
+        .expect("task joins")
+        .expect_err("loop stopped");
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
 }

@@ -34,6 +34,9 @@ use contract::{
     Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre,
 };
 
+/// Bytes of a plugin's stderr kept per instance, to explain a crash (Rust panics print there).
+const STDERR_CAPTURE: usize = 64 << 10;
+
 /// How often the epoch advances; the resolution of the deadline.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
@@ -502,10 +505,20 @@ impl Plugin {
                 doing: doing.to_string(),
             };
         }
+        // The full error carries the wasm backtrace: good for the log, too long for an Event.
+        tracing::debug!(plugin = %self.inner.label, "plugin trap: {error:?}");
+        let trap = error
+            .downcast_ref::<wasmtime::Trap>()
+            .map_or_else(|| error.root_cause().to_string(), |t| t.to_string());
+        let said = store.data().stderr_tail();
         DecideError::Trap {
             plugin: self.inner.label.clone(),
             doing: doing.to_string(),
-            message: format!("{error:#}"),
+            message: if said.is_empty() {
+                trap
+            } else {
+                format!("{said} ({trap})")
+            },
         }
     }
 }
@@ -517,6 +530,8 @@ pub struct PluginState {
     memory_limit: usize,
     /// Set when the memory limiter refused a growth.
     memory_refused: bool,
+    /// What the plugin wrote to stderr (a panic message, typically), bounded; shown when it traps.
+    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
     /// Set when an import saw more plugin output than the output limit allows.
     oversized_output: Option<usize>,
     pub(crate) label: String,
@@ -531,7 +546,9 @@ impl PluginState {
         app_calls: AppCallScope,
         now: Option<contract::Timestamp>,
     ) -> Self {
+        let stderr = wasmtime_wasi::p2::pipe::MemoryOutputPipe::new(STDERR_CAPTURE);
         let mut wasi = WasiCtx::builder();
+        wasi.stderr(stderr.clone());
         // No preopened directories, no env, no args, no inherited stdio, no network: a plugin's
         // only way out is the app-call import. Its wall clock is frozen at the observation's
         // time, so decisions depend only on what the host observed.
@@ -541,6 +558,7 @@ impl PluginState {
             .wall_clock(FrozenClock(now));
         Self {
             wasi: wasi.build(),
+            stderr,
             table: ResourceTable::new(),
             memory_limit: limits.memory_bytes,
             memory_refused: false,
@@ -554,6 +572,30 @@ impl PluginState {
     /// Records that an import refused oversized plugin output.
     pub(crate) fn note_oversized_output(&mut self, size: usize) {
         self.oversized_output = Some(size);
+    }
+}
+
+impl PluginState {
+    /// The last non-empty lines of what the plugin wrote to stderr, at most ~300 characters.
+    fn stderr_tail(&self) -> String {
+        let contents = self.stderr.contents();
+        let text = String::from_utf8_lossy(&contents);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            // Rust's panic hook adds a hint about RUST_BACKTRACE, meaningless inside the sandbox.
+            .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE"))
+            .collect();
+        let mut tail = lines[lines.len().saturating_sub(3)..].join(" ");
+        if tail.len() > 300 {
+            let mut cut = 300;
+            while !tail.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            tail.truncate(cut);
+            tail.push('…');
+        }
+        tail
     }
 }
 

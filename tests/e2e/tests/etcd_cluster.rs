@@ -25,20 +25,25 @@ fn etcd_clusters() -> ApiResource {
 
 /// The example from deploy/examples, with the etcd version this environment runs.
 fn example_cluster(version: &str, size: i64) -> anyhow::Result<Value> {
-    let text = std::fs::read_to_string(policy_host_e2e::repo_root().join("deploy/examples/etcd-cluster.yaml"))?;
+    let text = std::fs::read_to_string(
+        policy_host_e2e::repo_root().join("deploy/examples/etcd-cluster.yaml"),
+    )?;
     let mut cluster: Value = serde_yaml::from_str(&text)?;
     cluster["spec"]["version"] = json!(version.trim_start_matches('v'));
     cluster["spec"]["size"] = json!(size);
     Ok(cluster)
 }
 
-async fn setup(prefix: &str) -> anyhow::Result<(&'static TestEnv, kube::Client, String, HostUnderTest)> {
+async fn setup(
+    prefix: &str,
+) -> anyhow::Result<(&'static TestEnv, kube::Client, String, HostUnderTest)> {
     init_logging();
     let env = shared().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace(prefix).await?;
-    let plugin = policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plugin =
+        policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let host = HostUnderTest::start(env, &[plugin], &namespace, Limits::default()).await?;
     Ok((env, client, namespace, host))
 }
@@ -54,7 +59,14 @@ fn etcdctl(env: &TestEnv, version: &str) -> anyhow::Result<PathBuf> {
 /// Runs etcdctl against one endpoint and parses its JSON output.
 fn etcdctl_json(etcdctl: &PathBuf, endpoint: &str, args: &[&str]) -> anyhow::Result<Value> {
     let output = Command::new(etcdctl)
-        .args(["--endpoints", endpoint, "--dial-timeout=3s", "--command-timeout=5s", "-w", "json"])
+        .args([
+            "--endpoints",
+            endpoint,
+            "--dial-timeout=3s",
+            "--command-timeout=5s",
+            "-w",
+            "json",
+        ])
         .args(args)
         .output()?;
     if !output.status.success() {
@@ -68,7 +80,12 @@ fn etcdctl_json(etcdctl: &PathBuf, endpoint: &str, args: &[&str]) -> anyhow::Res
 
 fn etcdctl_text(etcdctl: &PathBuf, endpoint: &str, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(etcdctl)
-        .args(["--endpoints", endpoint, "--dial-timeout=3s", "--command-timeout=5s"])
+        .args([
+            "--endpoints",
+            endpoint,
+            "--dial-timeout=3s",
+            "--command-timeout=5s",
+        ])
         .args(args)
         .output()?;
     if !output.status.success() {
@@ -80,7 +97,11 @@ fn etcdctl_text(etcdctl: &PathBuf, endpoint: &str, args: &[&str]) -> anyhow::Res
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-async fn member_pods(client: &kube::Client, namespace: &str, cluster: &str) -> anyhow::Result<Vec<Pod>> {
+async fn member_pods(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+) -> anyhow::Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={cluster}")))
@@ -97,21 +118,38 @@ fn pod_endpoint(pod: &Pod) -> Option<String> {
 async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result<()> {
     let (env, client, namespace, host) = setup("etcd-three").await?;
     let version = env.binaries().default_etcd_version().to_string();
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let cluster = example_cluster(&version, 3)?;
-    let name = cluster["metadata"]["name"].as_str().unwrap_or("example-etcd-cluster").to_string();
+    let name = cluster["metadata"]["name"]
+        .as_str()
+        .unwrap_or("example-etcd-cluster")
+        .to_string();
     clusters
-        .patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cluster))
+        .patch(
+            &name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&cluster),
+        )
         .await?;
 
     // READY 3/3 in the printer column's field, phase Running.
-    let status = wait_for(&format!("{namespace}/{name} to report 3/3 ready"), CONVERGE, || async {
-        let object = clusters.get_opt(&name).await.ok().flatten()?;
-        let status = object.data.get("status")?.clone();
-        (status["ready"] == json!("3/3") && status["phase"] == json!("Running")).then_some(status)
-    })
+    let status = wait_for(
+        &format!("{namespace}/{name} to report 3/3 ready"),
+        CONVERGE,
+        || async {
+            let object = clusters.get_opt(&name).await.ok().flatten()?;
+            let status = object.data.get("status")?.clone();
+            (status["ready"] == json!("3/3") && status["phase"] == json!("Running"))
+                .then_some(status)
+        },
+    )
     .await?;
-    assert_eq!(status["members"].as_array().map(Vec::len), Some(3), "{status}");
+    assert_eq!(
+        status["members"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
 
     // etcd itself agrees: 3 started voting members, one cluster ID seen from every member.
     let etcdctl = etcdctl(env, &version)?;
@@ -128,7 +166,11 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
                 member["name"].as_str().is_some_and(|n| !n.is_empty()),
                 "every member started: {member}"
             );
-            assert_ne!(member["isLearner"], json!(true), "no learner left: {member}");
+            assert_ne!(
+                member["isLearner"],
+                json!(true),
+                "no learner left: {member}"
+            );
         }
         cluster_ids.push(list["header"]["cluster_id"].clone());
         let health = etcdctl_text(&etcdctl, &endpoint, &["endpoint", "health"])?;
@@ -149,17 +191,29 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let selector = format!("app.kubernetes.io/instance={name}");
-    wait_for("pods and services of the deleted cluster to be gone", Duration::from_secs(180), || async {
-        let pods = pods_api.list(&ListParams::default().labels(&selector)).await.ok()?;
-        let services = services.list(&ListParams::default()).await.ok()?;
-        let left = pods.items.len()
-            + services
-                .items
-                .iter()
-                .filter(|s| s.metadata.name.as_deref().is_some_and(|n| n.starts_with(&name)))
-                .count();
-        (left == 0).then_some(())
-    })
+    wait_for(
+        "pods and services of the deleted cluster to be gone",
+        Duration::from_secs(180),
+        || async {
+            let pods = pods_api
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            let services = services.list(&ListParams::default()).await.ok()?;
+            let left = pods.items.len()
+                + services
+                    .items
+                    .iter()
+                    .filter(|s| {
+                        s.metadata
+                            .name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(&name))
+                    })
+                    .count();
+            (left == 0).then_some(())
+        },
+    )
     .await?;
     host.stop().await;
     Ok(())
@@ -169,40 +223,62 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
 async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result<()> {
     let (env, client, namespace, host) = setup("etcd-invalid").await?;
     let version = env.binaries().default_etcd_version().to_string();
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let mut bad = example_cluster(&version, 0)?;
     bad["metadata"]["name"] = json!("bad-size");
     clusters
-        .patch("bad-size", &PatchParams::apply("e2e").force(), &Patch::Apply(&bad))
+        .patch(
+            "bad-size",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&bad),
+        )
         .await?;
 
-    let condition = wait_for("bad-size to be Degraded with InvalidSpec", CONVERGE, || async {
-        let object = clusters.get_opt("bad-size").await.ok().flatten()?;
-        let conditions = object.data["status"]["conditions"].as_array()?.clone();
-        conditions
-            .into_iter()
-            .find(|c| c["type"] == json!("Degraded") && c["status"] == json!("True") && c["reason"] == json!("InvalidSpec"))
-    })
+    let condition = wait_for(
+        "bad-size to be Degraded with InvalidSpec",
+        CONVERGE,
+        || async {
+            let object = clusters.get_opt("bad-size").await.ok().flatten()?;
+            let conditions = object.data["status"]["conditions"].as_array()?.clone();
+            conditions.into_iter().find(|c| {
+                c["type"] == json!("Degraded")
+                    && c["status"] == json!("True")
+                    && c["reason"] == json!("InvalidSpec")
+            })
+        },
+    )
     .await?;
     assert!(
-        condition["message"].as_str().is_some_and(|m| m.contains("spec.size")),
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.size")),
         "the message says what to fix: {condition}"
     );
 
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &namespace);
-    wait_for("a Warning event about the invalid spec", CONVERGE, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad-size")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .map(|_| ())
-    })
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &namespace);
+    wait_for(
+        "a Warning event about the invalid spec",
+        CONVERGE,
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad-size")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .map(|_| ())
+        },
+    )
     .await?;
     // No member pods for a rejected spec.
-    assert!(member_pods(&client, &namespace, "bad-size").await?.is_empty());
+    assert!(
+        member_pods(&client, &namespace, "bad-size")
+            .await?
+            .is_empty()
+    );
     host.stop().await;
     Ok(())
 }

@@ -66,7 +66,8 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("host-contract").await?;
-    let plugin = policy_host_test_plugins::build("misbehaving-policy").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let limits = Limits {
         deadline: Duration::from_millis(500),
         ..Limits::default()
@@ -82,8 +83,12 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
         let api = api.clone();
         let name = name.to_string();
         async move {
-            api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&object))
-                .await
+            api.patch(
+                &name,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&object),
+            )
+            .await
         }
     };
     apply("crashes", "trap").await?;
@@ -106,9 +111,18 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("child has no owner reference"))?;
     assert_eq!(owner.kind, "Probe");
     assert_eq!(owner.name, "good");
-    assert_eq!(owner.controller, Some(true), "the host sets controller: true");
     assert_eq!(
-        child.metadata.labels.unwrap_or_default().get("policy-host.io/policy").map(String::as_str),
+        owner.controller,
+        Some(true),
+        "the host sets controller: true"
+    );
+    assert_eq!(
+        child
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("policy-host.io/policy")
+            .map(String::as_str),
         Some("misbehaving")
     );
 
@@ -120,7 +134,10 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
     })
     .await?;
     assert!(
-        good.metadata.finalizers.unwrap_or_default().contains(&"policy-host.io/misbehaving".to_string()),
+        good.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"policy-host.io/misbehaving".to_string()),
         "finalizer present"
     );
 
@@ -145,19 +162,31 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
     })
     .await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    assert!(secrets.get_opt("adopts-stolen").await?.is_none(), "no adopted Secret");
+    assert!(
+        secrets.get_opt("adopts-stolen").await?.is_none(),
+        "no adopted Secret"
+    );
 
     // Metrics count the reconciles and the failures per policy.
-    let admin = host.running.admin_addr.ok_or_else(|| anyhow::anyhow!("no admin address"))?;
+    let admin = host
+        .running
+        .admin_addr
+        .ok_or_else(|| anyhow::anyhow!("no admin address"))?;
     let metrics = reqwest_get(&format!("http://{admin}/metrics")).await?;
-    assert!(metrics.contains("policy_host_reconciles_total{policy=\"misbehaving\"}"), "{metrics}");
+    assert!(
+        metrics.contains("policy_host_reconciles_total{policy=\"misbehaving\"}"),
+        "{metrics}"
+    );
     assert!(metrics.contains("reason=\"PluginCrashed\""), "{metrics}");
     assert_eq!(reqwest_get(&format!("http://{admin}/readyz")).await?, "ok");
 
     // Deleting the parent runs finalize, then the finalizer comes off and the object goes.
     api.delete("good", &DeleteParams::default()).await?;
     wait_for("good deleted after finalize", WAIT, || async {
-        api.get_opt("good").await.ok().and_then(|o| o.is_none().then_some(()))
+        api.get_opt("good")
+            .await
+            .ok()
+            .and_then(|o| o.is_none().then_some(()))
     })
     .await?;
 
@@ -165,11 +194,18 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
     host.stop().await;
     for name in ["crashes", "adopts"] {
         let patch = json!({ "metadata": { "finalizers": null } });
-        let _ = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        let _ = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
     }
     Ok(())
 }
 
 async fn reqwest_get(url: &str) -> anyhow::Result<String> {
-    Ok(policy_host::app_call::http_client().get(url).send().await?.text().await?)
+    Ok(policy_host::app_call::http_client()
+        .get(url)
+        .send()
+        .await?
+        .text()
+        .await?)
 }
