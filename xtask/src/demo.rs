@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
-use policy_host_testenv::{Binaries, ControlPlane, ControlPlaneOptions, PodRunner, PodRunnerOptions};
+use policy_host_testenv::{
+    Binaries, ControlPlane, ControlPlaneOptions, PodRunner, PodRunnerOptions,
+};
 use serde_json::{Value, json};
 
 use crate::{cargo, run, setup, step};
@@ -56,8 +58,9 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     .await?;
 
     step("installing the EtcdCluster CRD (deploy/crds/etcdcluster.yaml)");
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(root.join("deploy/crds/etcdcluster.yaml"))?)?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(
+        root.join("deploy/crds/etcdcluster.yaml"),
+    )?)?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.patch(
         "etcdclusters.etcd.database.coreos.com",
@@ -65,18 +68,27 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         &Patch::Apply(&crd),
     )
     .await?;
-    policy_host_testenv::wait_for("the CRD to be established", Duration::from_secs(60), || async {
-        let crd = crds.get_opt("etcdclusters.etcd.database.coreos.com").await.ok().flatten()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
+    policy_host_testenv::wait_for(
+        "the CRD to be established",
+        Duration::from_secs(60),
+        || async {
+            let crd = crds
+                .get_opt("etcdclusters.etcd.database.coreos.com")
+                .await
+                .ok()
+                .flatten()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
     .await?;
 
     step("starting policy-host with the etcd plugin");
-    let plugin = policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plugin =
+        policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let host_log = dir.join("policy-host.log");
     let mut host = tokio::process::Command::new(root.join("target/debug/policy-host"))
         .args(["run", "--policy"])
@@ -90,25 +102,38 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         .context("cannot start target/debug/policy-host")?;
 
     step(&format!("applying {}", cluster_file.display()));
-    let mut cluster: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join(cluster_file))?)?;
-    let version = binaries.default_etcd_version().trim_start_matches('v').to_string();
+    let mut cluster: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(root.join(cluster_file))?)?;
+    let version = binaries
+        .default_etcd_version()
+        .trim_start_matches('v')
+        .to_string();
     if cluster["spec"]["version"].as_str() != Some(version.as_str()) {
         eprintln!("(using etcd {version}, the version this environment has built)");
         cluster["spec"]["version"] = json!(version);
     }
-    let name = cluster["metadata"]["name"].as_str().unwrap_or("example-etcd-cluster").to_string();
+    let name = cluster["metadata"]["name"]
+        .as_str()
+        .unwrap_or("example-etcd-cluster")
+        .to_string();
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("etcd.database.coreos.com", "v1beta2", "EtcdCluster"),
         "etcdclusters",
     );
     let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
     clusters
-        .patch(&name, &PatchParams::apply("policy-host-demo").force(), &Patch::Apply(&cluster))
+        .patch(
+            &name,
+            &PatchParams::apply("policy-host-demo").force(),
+            &Patch::Apply(&cluster),
+        )
         .await?;
 
     let kube_bin = binaries.kube_apiserver();
     let kube_dir = kube_bin.parent().map(Path::to_path_buf).unwrap_or_default();
-    let etcd_dir = binaries.etcd_dir(&binaries.default_etcd_version().to_string()).unwrap_or_default();
+    let etcd_dir = binaries
+        .etcd_dir(&binaries.default_etcd_version().to_string())
+        .unwrap_or_default();
     println!(
         "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc      # if you have a kubectl\n  etcdctl --endpoints http://<pod IP>:2379 member list -w table\n\nLogs: policy-host {}, pods {}/pods, control plane {}/control-plane\nPress Ctrl-C to tear everything down.\n",
         control_plane.kubeconfig_path().display(),
@@ -151,7 +176,11 @@ async fn live_view(clusters: &Api<DynamicObject>, pods: &Api<Pod>, name: &str) -
         return format!("{name}: not found");
     };
     let status = cluster.data.get("status").cloned().unwrap_or(Value::Null);
-    let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    let text = |v: &Value| {
+        v.as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string())
+    };
     let mut out = format!(
         "{name}: SIZE {} READY {} VERSION {} PHASE {}",
         cluster.data["spec"]["size"],
