@@ -643,3 +643,77 @@ async fn a_failing_liveness_probe_restarts_the_container() -> Result<()> {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_image_change_restarts_the_container_in_place_on_the_new_version() -> Result<()> {
+    let env = shared().await?;
+    let versions = env.binaries().etcd_versions().to_vec();
+    let [new, old, ..] = versions.as_slice() else {
+        eprintln!("skipped: needs two etcd versions, the environment has {versions:?}");
+        return Ok(());
+    };
+    let ns = env.create_namespace("image-change").await?;
+    let pods: Api<Pod> = Api::namespaced(env.client().await?, &ns);
+    create_pod(
+        &pods,
+        serde_json::json!({
+            "metadata": {"name": "versioned"},
+            "spec": {"containers": [{
+                "name": "main", "image": format!("gcr.io/etcd-development/etcd:{old}"),
+                "command": ["sh", "-c", "etcd --version; exec sleep 3600"],
+            }]},
+        }),
+    )
+    .await?;
+    let before = wait_pod(
+        env,
+        &pods,
+        "versioned",
+        "the pod to run",
+        Duration::from_secs(60),
+        |p| condition(p, "Ready"),
+    )
+    .await?;
+    let first_pid = container_pid(&before).context("no container id")?;
+
+    // Only the image of a running Pod's container may change; kubelet then restarts that
+    // container with the new image, in the same Pod (same IP, same volumes).
+    let patch = serde_json::json!({"spec": {"containers": [{
+        "name": "main", "image": format!("gcr.io/etcd-development/etcd:{new}"),
+    }]}});
+    pods.patch(
+        "versioned",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(&patch),
+    )
+    .await?;
+    let after = wait_pod(
+        env,
+        &pods,
+        "versioned",
+        "the container to restart on the new image",
+        Duration::from_secs(60),
+        |p| restart_count(p) == 1 && condition(p, "Ready"),
+    )
+    .await?;
+    assert_ne!(container_pid(&after), Some(first_pid));
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.pod_ip.clone()),
+        before.status.as_ref().and_then(|s| s.pod_ip.clone()),
+        "same Pod, same IP"
+    );
+    let image = after
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.image.clone())
+        .unwrap_or_default();
+    assert!(image.ends_with(new.as_str()), "status reports {image}");
+    let logs = env.pod_runner().pod_logs(&ns, "versioned");
+    for version in [old, new] {
+        let bare = version.trim_start_matches('v');
+        assert!(logs.contains(bare), "etcd {bare} ran: {logs}");
+    }
+    Ok(())
+}

@@ -139,6 +139,35 @@ struct PodContext {
     state: watch::Sender<PodState>,
     stop: watch::Receiver<Stop>,
     kill: watch::Receiver<u64>,
+    /// Images of the main containers in the latest spec: the one field of a running Pod's
+    /// containers that can change, and a change restarts that container, as kubelet does.
+    images: watch::Receiver<Vec<String>>,
+}
+
+/// Images of a Pod's main containers, in order.
+fn main_images(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| c.image.clone().unwrap_or_default())
+        .collect()
+}
+
+/// Resolves once the image of main container `index` differs from `running`.
+async fn image_changed(images: &mut watch::Receiver<Vec<String>>, index: usize, running: &str) {
+    loop {
+        if images.changed().await.is_err() {
+            // The Pod's worker is ending; stopping is signalled separately.
+            std::future::pending::<()>().await;
+        }
+        if images
+            .borrow_and_update()
+            .get(index)
+            .is_some_and(|i| i != running)
+        {
+            return;
+        }
+    }
 }
 
 pub(crate) fn now() -> String {
@@ -180,6 +209,7 @@ pub(crate) async fn run_pod(
     let (state_tx, state_rx) = watch::channel(initial);
     let (stop_tx, stop_rx) = watch::channel(Stop::Run);
     let (kill_tx, kill_rx) = watch::channel(0u64);
+    let (images_tx, images_rx) = watch::channel(main_images(&pod));
     let writer = tokio::spawn(write_status(
         runner.clone(),
         namespace.clone(),
@@ -208,6 +238,7 @@ pub(crate) async fn run_pod(
         state: state_tx,
         stop: stop_rx,
         kill: kill_rx,
+        images: images_rx,
     });
     let lifecycle = run_containers(context.clone());
     tokio::pin!(lifecycle);
@@ -257,6 +288,12 @@ pub(crate) async fn run_pod(
                     continue;
                 }
                 let current = latest.borrow_and_update().clone();
+                let images = main_images(&current);
+                images_tx.send_if_modified(|running| {
+                    let changed = *running != images;
+                    *running = images;
+                    changed
+                });
                 if current.metadata.deletion_timestamp.is_some() {
                     let _ = stop_tx.send(Stop::Grace(grace_of(&current)));
                     deleting = Some(true);
@@ -394,26 +431,37 @@ async fn run_container(
         .as_ref()
         .and_then(|s| s.restart_policy.clone())
         .unwrap_or_else(|| "Always".into());
-    let image = match spec::resolve_image(
-        container.image.as_deref().unwrap_or_default(),
-        &runner.binaries,
-    ) {
-        Ok(image) => image,
-        Err(problem) => {
-            // Like an image that cannot be pulled: it stays waiting.
-            update(&|r| r.state = waiting(&problem));
-            stopped(&mut stop).await;
-            update(&|r| r.finished = true);
-            return false;
-        }
-    };
     let log = runner.log_path(&namespace, &pod_name, &container.name);
+    let mut images = context.images.clone();
     let mut backoff = Duration::from_millis(500);
     loop {
         if *stop.borrow() != Stop::Run {
             update(&|r| r.finished = true);
             return false;
         }
+        let wanted = match kind {
+            Kind::Main => images.borrow_and_update().get(index).cloned(),
+            Kind::Init => None,
+        }
+        .or_else(|| container.image.clone())
+        .unwrap_or_default();
+        let image = match spec::resolve_image(&wanted, &runner.binaries) {
+            Ok(image) => image,
+            Err(problem) => {
+                // Like an image that cannot be pulled: it stays waiting, until the spec
+                // names another image.
+                update(&|r| {
+                    r.image = wanted.clone();
+                    r.state = waiting(&problem);
+                });
+                tokio::select! {
+                    _ = stopped(&mut stop) => {}
+                    () = image_changed(&mut images, index, &wanted), if matches!(kind, Kind::Main) => {}
+                }
+                continue;
+            }
+        };
+        update(&|r| r.image = wanted.clone());
         let prepared = prepare_process(context, volumes, container, &image).await;
         let (mut command, env) = match prepared {
             Ok(prepared) => prepared,
@@ -480,6 +528,7 @@ async fn run_container(
         };
         let ran_since = Instant::now();
         kill.borrow_and_update();
+        let mut replaced = false;
         let status = tokio::select! {
             status = child.wait() => status.ok(),
             how = stopped(&mut stop) => {
@@ -487,6 +536,10 @@ async fn run_container(
             }
             _ = kill.changed() => terminate(&mut child, pid, Stop::Now).await,
             Some(()) = liveness_rx.recv() => terminate(&mut child, pid, Stop::Grace(Duration::from_secs(2))).await,
+            () = image_changed(&mut images, index, &wanted), if matches!(kind, Kind::Main) => {
+                replaced = true;
+                terminate(&mut child, pid, Stop::Grace(Duration::from_secs(10))).await
+            }
         };
         if let Some(probes) = probes {
             probes.abort();
@@ -512,6 +565,15 @@ async fn run_container(
         if *stop.borrow() != Stop::Run {
             update(&|r| r.finished = true);
             return false;
+        }
+        if replaced {
+            // A new image: restarted at once whatever the restart policy, as kubelet does.
+            update(&|r| {
+                r.last_state = terminated.clone();
+                r.restart_count += 1;
+                r.state = json!({"waiting": {"reason": "ContainerCreating"}});
+            });
+            continue;
         }
         let restart = match (&kind, restart_policy.as_str()) {
             (Kind::Init, "Never") => false,
