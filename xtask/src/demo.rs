@@ -15,14 +15,19 @@ use policy_host_testenv::{
 };
 use serde_json::{Value, json};
 
-use crate::{cargo, run, setup, step};
+use crate::{cargo, run as run_command, setup, step};
 
 const NAMESPACE: &str = "default";
 
 pub fn run(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     setup(root)?;
     step("building policy-host");
-    run(std::process::Command::new(cargo()).args(["build", "--quiet", "-p", "policy-host"]))?;
+    run_command(std::process::Command::new(cargo()).args([
+        "build",
+        "--quiet",
+        "-p",
+        "policy-host",
+    ]))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
