@@ -207,7 +207,7 @@ async fn reconcile(
     );
     ctx.metrics.reconcile_started(&ctx.policy);
     let finalizer = ctx.finalizer();
-    let has_finalizer = parent.finalizers().iter().any(|f| *f == finalizer);
+    let has_finalizer = parent.finalizers().contains(&finalizer);
     let deleting = parent.meta().deletion_timestamp.is_some();
 
     if deleting && !has_finalizer {

@@ -54,13 +54,14 @@ pub fn observe(
             .filter(|child| is_controlled_by(child, &parent_uid))
             .collect();
         // A stable order, so the same world gives the plugin the same observation.
-        objects.sort_by(|a, b| a.name_any().cmp(&b.name_any()));
+        objects.sort_by_key(|o| o.name_any());
         for object in objects {
             let json = serde_json::to_string(object.as_ref())?;
-            if cache.kind.group.is_empty() && cache.kind.kind == "Pod" {
-                if let Ok(pod) = serde_json::from_str::<Pod>(&json) {
-                    pods.insert(object.name_any(), PodEndpoint::from_pod(&pod));
-                }
+            if cache.kind.group.is_empty()
+                && cache.kind.kind == "Pod"
+                && let Ok(pod) = serde_json::from_str::<Pod>(&json)
+            {
+                pods.insert(object.name_any(), PodEndpoint::from_pod(&pod));
             }
             owned
                 .entry(cache.kind.to_string())

@@ -137,7 +137,7 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     let kube_bin = binaries.kube_apiserver();
     let kube_dir = kube_bin.parent().map(Path::to_path_buf).unwrap_or_default();
     let etcd_dir = binaries
-        .etcd_dir(&binaries.default_etcd_version().to_string())
+        .etcd_dir(binaries.default_etcd_version())
         .unwrap_or_default();
     println!(
         "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc      # if you have a kubectl\n  etcdctl --endpoints http://<pod IP>:2379 member list -w table\n\nLogs: policy-host {}, pods {}/pods, control plane {}/control-plane\nPress Ctrl-C to tear everything down.\n",

@@ -485,10 +485,8 @@ impl Plugin {
         store: &Store<PluginState>,
         doing: &str,
     ) -> DecideError {
-        if let Some(trap) = error.downcast_ref::<wasmtime::Trap>() {
-            if *trap == wasmtime::Trap::Interrupt {
-                return self.deadline_error(doing);
-            }
+        if error.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+            return self.deadline_error(doing);
         }
         if store.data().memory_refused {
             return DecideError::Memory {
