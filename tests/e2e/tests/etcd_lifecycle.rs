@@ -1,0 +1,893 @@
+//! The etcd plugin's whole lifecycle on real etcd: scaling up and down, a failed member
+//! replaced, host restarts at the crash points of a membership change, and a rolling upgrade
+//! across one minor version with a client writing throughout.
+//!
+//! Every test runs policy-host in-process against the shared control plane, scoped to a
+//! namespace of its own, and asserts through a real etcd client (`etcdctl`): the member list,
+//! endpoint health, and keys written before a change and read after it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::core::GroupVersionKind;
+use policy_host::decide::Limits;
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
+use policy_host_testenv::{TestEnv, shared};
+use serde_json::{Value, json};
+
+/// How long one membership change (or the creation of a cluster) may take to converge.
+const CONVERGE: Duration = Duration::from_secs(150);
+/// Name of the EtcdCluster in every test (each test has its own namespace).
+const NAME: &str = "lifecycle";
+
+fn etcd_clusters() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("etcd.database.coreos.com", "v1beta2", "EtcdCluster"),
+        "etcdclusters",
+    )
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`, for at most `timeout`; on timeout the
+/// error carries the last reason `check` gave, so a failure says what was still wrong.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return Ok(value),
+            Err(why) if Instant::now() >= deadline => {
+                anyhow::bail!("timed out after {timeout:?} waiting for {what}; last: {why}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// An etcd version of the test environment by minor, e.g. `3.5` → `3.5.35`.
+fn etcd_version(env: &TestEnv, minor: &str) -> anyhow::Result<String> {
+    env.binaries()
+        .etcd_versions()
+        .iter()
+        .map(|v| v.trim_start_matches('v').to_owned())
+        .find(|v| v.starts_with(&format!("{minor}.")))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no etcd {minor}.x in the test environment ({:?}); add one to tests/env/versions.env",
+                env.binaries().etcd_versions()
+            )
+        })
+}
+
+/// One test's EtcdCluster, its namespace, the host reconciling it and an etcd client.
+struct Fixture {
+    env: &'static TestEnv,
+    client: kube::Client,
+    namespace: String,
+    plugin: PathBuf,
+    host: Option<HostUnderTest>,
+    clusters: Api<DynamicObject>,
+    pods: Api<Pod>,
+    etcdctl: PathBuf,
+}
+
+impl Fixture {
+    /// A namespace, the CRD, the etcd plugin and a host; no cluster yet. `etcdctl_minor`
+    /// picks the client version.
+    async fn start(prefix: &str, etcdctl_minor: &str) -> anyhow::Result<Fixture> {
+        init_logging();
+        let env = shared().await?;
+        let client = env.client().await?;
+        install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
+        let namespace = env.create_namespace(prefix).await?;
+        let plugin =
+            policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+        let host =
+            HostUnderTest::start(env, &[plugin.clone()], &namespace, Limits::default()).await?;
+        let version = etcd_version(env, etcdctl_minor)?;
+        let etcdctl = env
+            .binaries()
+            .etcd_dir(&format!("v{version}"))
+            .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
+            .join("etcdctl");
+        Ok(Fixture {
+            env,
+            clusters: Api::namespaced_with(client.clone(), &namespace, &etcd_clusters()),
+            pods: Api::namespaced(client.clone(), &namespace),
+            client,
+            namespace,
+            plugin,
+            host: Some(host),
+            etcdctl,
+        })
+    }
+
+    /// Stops the host like a process exit: whatever it was doing is cut short.
+    async fn stop_host(&mut self) {
+        if let Some(host) = self.host.take() {
+            host.stop().await;
+        }
+    }
+
+    /// Starts a fresh host (no memory of the previous one).
+    async fn start_host(&mut self) -> anyhow::Result<()> {
+        self.stop_host().await;
+        let host = HostUnderTest::start(
+            self.env,
+            std::slice::from_ref(&self.plugin),
+            &self.namespace,
+            Limits::default(),
+        )
+        .await?;
+        self.host = Some(host);
+        Ok(())
+    }
+
+    async fn create_cluster(&self, size: i64, version: &str) -> anyhow::Result<()> {
+        let cluster = json!({
+            "apiVersion": "etcd.database.coreos.com/v1beta2",
+            "kind": "EtcdCluster",
+            "metadata": {"name": NAME},
+            "spec": {"size": size, "version": version},
+        });
+        self.clusters
+            .patch(
+                NAME,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&cluster),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn patch_spec(&self, spec: Value) -> anyhow::Result<()> {
+        self.clusters
+            .patch(
+                NAME,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": spec})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn cluster(&self) -> Result<Value, String> {
+        match self.clusters.get_opt(NAME).await {
+            Ok(Some(object)) => serde_json::to_value(&object).map_err(|e| e.to_string()),
+            Ok(None) => Err("the EtcdCluster does not exist".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Member pods that are not being deleted, by name.
+    async fn live_pods(&self) -> Result<Vec<Pod>, String> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut pods: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+
+    /// Client endpoints of the member pods that have an IP.
+    async fn endpoints(&self) -> Result<Vec<String>, String> {
+        Ok(self
+            .live_pods()
+            .await?
+            .iter()
+            .filter_map(pod_endpoint)
+            .collect())
+    }
+
+    async fn etcdctl(&self, endpoints: &[String], args: &[&str]) -> Result<String, String> {
+        run_etcdctl(&self.etcdctl, endpoints, args).await
+    }
+
+    /// The member list as one member sees it (linearizable: through the leader).
+    async fn member_list(&self, endpoint: &str) -> Result<Vec<Value>, String> {
+        let text = self
+            .etcdctl(&[endpoint.to_owned()], &["member", "list", "-w", "json"])
+            .await?;
+        let list: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+        Ok(list["members"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The member list from whichever member answers first.
+    async fn any_member_list(&self) -> Result<Vec<Value>, String> {
+        let mut errors = Vec::new();
+        for endpoint in self.endpoints().await? {
+            match self.member_list(&endpoint).await {
+                Ok(members) => return Ok(members),
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(format!("no member answered: {errors:?}"))
+    }
+
+    async fn put(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        let endpoints = self.endpoints().await.map_err(anyhow::Error::msg)?;
+        self.etcdctl(&endpoints, &["put", key, value])
+            .await
+            .map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+
+    /// Reads `key` through every member, serializably (each member's own copy), so a member
+    /// that lost data would show it.
+    async fn assert_key_everywhere(&self, key: &str, want: &str) -> anyhow::Result<()> {
+        for endpoint in self.endpoints().await.map_err(anyhow::Error::msg)? {
+            let got = self
+                .etcdctl(
+                    std::slice::from_ref(&endpoint),
+                    &["get", key, "--print-value-only", "--consistency=s"],
+                )
+                .await
+                .map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(
+                got.trim() == want,
+                "{key} through {endpoint}: {got:?}, want {want:?}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until the cluster has exactly `size` members, as the status, the pods and etcd
+    /// itself all agree: status `size/size` Ready and Running for the current generation;
+    /// exactly `size` live pods, Ready; every member started, a voter, named after one of
+    /// those pods, seen alike from every member; every endpoint healthy. Returns the member
+    /// list.
+    async fn wait_converged(&self, size: usize) -> anyhow::Result<Vec<Value>> {
+        let started = Instant::now();
+        let members = eventually(
+            &format!("{}/{NAME} to converge to {size} members", self.namespace),
+            CONVERGE,
+            || async {
+                let cluster = self.cluster().await?;
+                let status = &cluster["status"];
+                let ready = format!("{size}/{size}");
+                if status["ready"] != json!(ready)
+                    || status["phase"] != json!("Running")
+                    || status["observedGeneration"] != cluster["metadata"]["generation"]
+                    || status["members"].as_array().map(Vec::len) != Some(size)
+                {
+                    return Err(format!("status: {status}"));
+                }
+                let pods = self.live_pods().await?;
+                let names: BTreeSet<String> = pods
+                    .iter()
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect();
+                if pods.len() != size || !pods.iter().all(pod_ready) {
+                    return Err(format!("pods: {names:?}, not all Ready or not {size}"));
+                }
+                let endpoints: Vec<String> = pods.iter().filter_map(pod_endpoint).collect();
+                if endpoints.len() != size {
+                    return Err(format!("pods without an IP: {names:?}"));
+                }
+                let mut seen: Option<(BTreeSet<String>, Vec<Value>)> = None;
+                for endpoint in &endpoints {
+                    let members = self.member_list(endpoint).await?;
+                    let member_names: BTreeSet<String> = members
+                        .iter()
+                        .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                        .collect();
+                    if members.len() != size
+                        || member_names != names
+                        || members.iter().any(|m| m["isLearner"] == json!(true))
+                    {
+                        return Err(format!(
+                            "member list from {endpoint}: {members:?}; pods {names:?}"
+                        ));
+                    }
+                    let ids = member_ids(&members);
+                    if let Some((other, _)) = &seen
+                        && other != &ids
+                    {
+                        return Err(format!("members disagree: {other:?} vs {ids:?}"));
+                    }
+                    let health = self
+                        .etcdctl(std::slice::from_ref(endpoint), &["endpoint", "health"])
+                        .await?;
+                    if !health.contains("is healthy") {
+                        return Err(health);
+                    }
+                    seen = Some((ids, members));
+                }
+                seen.map(|(_, members)| members)
+                    .ok_or_else(|| "no member".to_owned())
+            },
+        )
+        .await?;
+        eprintln!(
+            "[{}] converged to {size} members in {:.1} s",
+            self.namespace,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(members)
+    }
+
+    /// The status condition of this type, once it has these status and reason.
+    async fn wait_condition(
+        &self,
+        type_: &str,
+        status: &str,
+        reason: &str,
+    ) -> anyhow::Result<Value> {
+        eventually(
+            &format!("condition {type_}={status} ({reason})"),
+            CONVERGE,
+            || async {
+                let cluster = self.cluster().await?;
+                let conditions = cluster["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                conditions
+                    .iter()
+                    .find(|c| {
+                        c["type"] == json!(type_)
+                            && c["status"] == json!(status)
+                            && c["reason"] == json!(reason)
+                    })
+                    .cloned()
+                    .ok_or_else(|| format!("conditions: {conditions:?}"))
+            },
+        )
+        .await
+    }
+
+    /// Member pod logs, for a failing test's output.
+    async fn dump(&self) {
+        if let Ok(cluster) = self.cluster().await {
+            eprintln!(
+                "[{}] EtcdCluster status: {}",
+                self.namespace, cluster["status"]
+            );
+        }
+        if let Ok(pods) = self.live_pods().await {
+            for pod in pods {
+                let name = pod.metadata.name.unwrap_or_default();
+                let logs = self.env.pod_runner().pod_logs(&self.namespace, &name);
+                let tail: Vec<&str> = logs.lines().rev().take(15).collect();
+                eprintln!(
+                    "[{}] {name} last log lines (newest first):\n{}",
+                    self.namespace,
+                    tail.join("\n")
+                );
+            }
+        }
+    }
+
+    async fn finish(mut self, outcome: anyhow::Result<()>) -> anyhow::Result<()> {
+        if outcome.is_err() {
+            self.dump().await;
+        }
+        self.stop_host().await;
+        let _ = self
+            .clusters
+            .delete(NAME, &DeleteParams::background())
+            .await;
+        outcome
+    }
+}
+
+fn pod_endpoint(pod: &Pod) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    Some(format!("http://{ip}:2379"))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn run_etcdctl(
+    etcdctl: &Path,
+    endpoints: &[String],
+    args: &[&str],
+) -> Result<String, String> {
+    if endpoints.is_empty() {
+        return Err(format!("etcdctl {args:?}: no endpoint"));
+    }
+    let output = tokio::process::Command::new(etcdctl)
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .args(["--dial-timeout=2s", "--command-timeout=5s"])
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("running {}: {e}", etcdctl.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "etcdctl {args:?} against {endpoints:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn member_ids(members: &[Value]) -> BTreeSet<String> {
+    members.iter().map(|m| m["ID"].to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_3_5_3_1_3_keeps_the_data() -> anyhow::Result<()> {
+    let fixture = Fixture::start("etcd-scale", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture.create_cluster(3, &version).await?;
+        fixture.wait_converged(3).await?;
+        fixture.put("before-scaling", "kept").await?;
+        for (step, size) in [5usize, 3, 1, 3].into_iter().enumerate() {
+            fixture.patch_spec(json!({"size": size})).await?;
+            fixture.wait_converged(size).await?;
+            fixture
+                .assert_key_everywhere("before-scaling", "kept")
+                .await?;
+            for earlier in 0..step {
+                fixture
+                    .assert_key_everywhere(&format!("step-{earlier}"), "kept")
+                    .await?;
+            }
+            fixture.put(&format!("step-{step}"), "kept").await?;
+        }
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_member_is_replaced_and_a_crashed_one_restarts() -> anyhow::Result<()> {
+    let fixture = Fixture::start("etcd-replace", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture.create_cluster(3, &version).await?;
+        let before = fixture.wait_converged(3).await?;
+        fixture.put("survivor", "yes").await?;
+        let victim = format!("{NAME}-1");
+
+        // A crash with restartPolicy Always: the process comes back on its data directory
+        // and is the same member.
+        fixture
+            .env
+            .pod_runner()
+            .kill_pod(&fixture.namespace, &victim)
+            .await?;
+        eventually("the killed member to restart", CONVERGE, || async {
+            let pod = fixture.pods.get(&victim).await.map_err(|e| e.to_string())?;
+            let restarts = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (restarts > 0 && pod_ready(&pod))
+                .then_some(())
+                .ok_or(format!("restarts {restarts}"))
+        })
+        .await?;
+        let after_crash = fixture.wait_converged(3).await?;
+        assert_eq!(
+            member_ids(&after_crash),
+            member_ids(&before),
+            "a restarted member keeps its identity"
+        );
+
+        // The pod fails for good: its member (emptyDir, data gone with the pod) is removed
+        // and a fresh member replaces it.
+        let victim_id = before
+            .iter()
+            .find(|m| m["name"] == json!(victim))
+            .map(|m| m["ID"].to_string())
+            .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
+        fixture
+            .env
+            .pod_runner()
+            .fail_pod(&fixture.namespace, &victim)
+            .await?;
+        eventually("the failed member to leave etcd", CONVERGE, || async {
+            let members = fixture.any_member_list().await?;
+            (!member_ids(&members).contains(&victim_id))
+                .then_some(())
+                .ok_or(format!("{members:?}"))
+        })
+        .await?;
+        let after = fixture.wait_converged(3).await?;
+        let ids = member_ids(&after);
+        assert!(
+            !ids.contains(&victim_id),
+            "the failed member is gone: {after:?}"
+        );
+        assert_eq!(
+            ids.intersection(&member_ids(&before)).count(),
+            2,
+            "two original members remain"
+        );
+        fixture.assert_key_everywhere("survivor", "yes").await?;
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
+
+/// A cluster-scoped ValidatingAdmissionPolicy that refuses `operation` on Pods in one
+/// namespace: the host's write at a crash point fails, exactly as if it had stopped there.
+struct PodWriteBlock {
+    policies: Api<DynamicObject>,
+    bindings: Api<DynamicObject>,
+    name: String,
+}
+
+impl PodWriteBlock {
+    async fn install(fixture: &Fixture, operation: &str) -> anyhow::Result<PodWriteBlock> {
+        let resource = |kind: &str, plural: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+                plural,
+            )
+        };
+        let policies: Api<DynamicObject> = Api::all_with(
+            fixture.client.clone(),
+            &resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        );
+        let bindings: Api<DynamicObject> = Api::all_with(
+            fixture.client.clone(),
+            &resource(
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+        );
+        let name = format!(
+            "{}-block-pod-{}",
+            fixture.namespace,
+            operation.to_lowercase()
+        );
+        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": fixture.namespace}});
+        let policy = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "namespaceSelector": selector,
+                    "resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": [operation], "resources": ["pods"],
+                    }],
+                },
+                "validations": [{
+                    "expression": "false",
+                    "message": "e2e fault injection: this pod write is refused, as if the host had stopped before it",
+                }],
+            },
+        });
+        let binding = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": selector},
+            },
+        });
+        let apply = PatchParams::apply("e2e").force();
+        policies
+            .patch(&name, &apply, &Patch::Apply(&policy))
+            .await?;
+        bindings
+            .patch(&name, &apply, &Patch::Apply(&binding))
+            .await?;
+        Ok(PodWriteBlock {
+            policies,
+            bindings,
+            name,
+        })
+    }
+
+    async fn remove(self) -> anyhow::Result<()> {
+        self.bindings
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
+        self.policies
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Whether the API server refuses a dry-run write: a policy becomes active a moment after it
+/// is created, and the fault must be in place before the host acts.
+fn refused(result: Result<(), kube::Error>) -> Result<(), String> {
+    match result {
+        Err(kube::Error::Api(status)) if status.message.contains("e2e fault injection") => Ok(()),
+        Err(e) => Err(format!("not refused by the policy yet: {e}")),
+        Ok(()) => Err("not refused yet".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_restarts_at_the_crash_points_of_scaling_converge() -> anyhow::Result<()> {
+    let mut fixture = Fixture::start("etcd-restart", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture.create_cluster(1, &version).await?;
+        fixture.wait_converged(1).await?;
+        fixture.put("through-restarts", "kept").await?;
+
+        // Scale up, crash point "member added, pod not created": pod creation is refused,
+        // so the host's reconcile stops right after `member add`.
+        let block = PodWriteBlock::install(&fixture, "CREATE").await?;
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let probe: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "e2e-probe"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }))?;
+        eventually(
+            "the pod-create block to be active",
+            Duration::from_secs(60),
+            || async { refused(fixture.pods.create(&dry_run, &probe).await.map(|_| ())) },
+        )
+        .await?;
+        fixture.patch_spec(json!({"size": 3})).await?;
+        let added = eventually("member add to be observed in etcd", CONVERGE, || async {
+            let members = fixture.any_member_list().await?;
+            (members.len() == 2)
+                .then_some(members.clone())
+                .ok_or(format!("{members:?}"))
+        })
+        .await?;
+        fixture.stop_host().await;
+        let pods = fixture.live_pods().await.map_err(anyhow::Error::msg)?;
+        assert_eq!(pods.len(), 1, "the new member's pod was not created");
+        assert!(
+            added.iter().any(|m| m["isLearner"] == json!(true)
+                && m["name"].as_str().unwrap_or_default().is_empty()),
+            "the new member is an unstarted learner: {added:?}"
+        );
+        block.remove().await?;
+        fixture.start_host().await?;
+        let grown = fixture.wait_converged(3).await?;
+        let added_id = added
+            .iter()
+            .find(|m| m["name"].as_str().unwrap_or_default().is_empty())
+            .map(|m| m["ID"].to_string())
+            .unwrap_or_default();
+        assert!(
+            member_ids(&grown).contains(&added_id),
+            "the member added before the restart got its pod, no second member was added: {grown:?}"
+        );
+        fixture
+            .assert_key_everywhere("through-restarts", "kept")
+            .await?;
+
+        // Scale down, crash point "member removed, pod not deleted": pod deletion is refused,
+        // so the host's reconcile stops right after `member remove`.
+        let block = PodWriteBlock::install(&fixture, "DELETE").await?;
+        let victim = format!("{NAME}-2");
+        let dry_delete = DeleteParams {
+            dry_run: true,
+            ..DeleteParams::default()
+        };
+        eventually(
+            "the pod-delete block to be active",
+            Duration::from_secs(60),
+            || async { refused(fixture.pods.delete(&victim, &dry_delete).await.map(|_| ())) },
+        )
+        .await?;
+        fixture.patch_spec(json!({"size": 1})).await?;
+        let removed = eventually("member remove to be observed in etcd", CONVERGE, || async {
+            let members = fixture.any_member_list().await?;
+            (members.len() == 2)
+                .then_some(members.clone())
+                .ok_or(format!("{members:?}"))
+        })
+        .await?;
+        fixture.stop_host().await;
+        let pods = fixture.live_pods().await.map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            pods.len(),
+            3,
+            "the removed member's pod is still there: {removed:?}"
+        );
+        block.remove().await?;
+        fixture.start_host().await?;
+        let shrunk = fixture.wait_converged(1).await?;
+        assert!(
+            member_ids(&shrunk).is_subset(&member_ids(&removed)),
+            "no member was added while shrinking: {shrunk:?}"
+        );
+        fixture
+            .assert_key_everywhere("through-restarts", "kept")
+            .await?;
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
+
+/// Writes `writer-<n>` keys one after another through every endpoint until stopped, and
+/// returns the keys etcd acknowledged.
+async fn write_continuously(
+    etcdctl: PathBuf,
+    endpoints: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<String>, usize) {
+    let mut acknowledged = Vec::new();
+    let mut failures = 0;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("writer-{n:06}");
+        match run_etcdctl(&etcdctl, &endpoints, &["put", &key, "v"]).await {
+            Ok(_) => {
+                acknowledged.push(key);
+                n += 1;
+            }
+            Err(_) => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    (acknowledged, failures)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_one_minor_loses_no_write_and_refuses_two() -> anyhow::Result<()> {
+    let fixture = Fixture::start("etcd-upgrade", "3.5").await?;
+    let outcome = async {
+        let old = etcd_version(fixture.env, "3.5")?;
+        let new = etcd_version(fixture.env, "3.6")?;
+        fixture.create_cluster(3, &old).await?;
+        fixture.wait_converged(3).await?;
+        fixture.put("before-upgrade", "kept").await?;
+
+        // Two minors at once (3.5 → 3.7) is refused, and nothing is touched.
+        fixture.patch_spec(json!({"version": "3.7.0"})).await?;
+        let refused = fixture
+            .wait_condition("Degraded", "True", "InvalidSpec")
+            .await?;
+        assert!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("3.7")),
+            "the condition names the version: {refused}"
+        );
+        let images: Vec<String> = fixture
+            .live_pods()
+            .await
+            .map_err(anyhow::Error::msg)?
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+            .collect();
+        assert!(
+            images.iter().all(|i| i.ends_with(&format!(":v{old}"))),
+            "{images:?}"
+        );
+
+        // One minor: every member restarted on the new version, leader last, while a client
+        // keeps writing.
+        let endpoints = fixture.endpoints().await.map_err(anyhow::Error::msg)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(write_continuously(
+            fixture.etcdctl.clone(),
+            endpoints.clone(),
+            stop.clone(),
+        ));
+        fixture.patch_spec(json!({"version": new})).await?;
+        let started = Instant::now();
+        eventually(
+            &format!("every member to run etcd {new}"),
+            Duration::from_secs(240),
+            || async {
+                let cluster = fixture.cluster().await?;
+                let status = &cluster["status"];
+                if status["currentVersion"] != json!(new) || status["phase"] != json!("Running") {
+                    return Err(format!("status: {status}"));
+                }
+                for endpoint in fixture.endpoints().await? {
+                    let text = fixture
+                        .etcdctl(
+                            std::slice::from_ref(&endpoint),
+                            &["endpoint", "status", "-w", "json"],
+                        )
+                        .await?;
+                    if !text.contains(&format!("\"version\":\"{new}\"")) {
+                        return Err(format!("{endpoint}: {text}"));
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        eprintln!(
+            "[{}] upgraded to {new} in {:.1} s",
+            fixture.namespace,
+            started.elapsed().as_secs_f64()
+        );
+        fixture.wait_converged(3).await?;
+        stop.store(true, Ordering::Relaxed);
+        let (acknowledged, failures) = writer.await?;
+        eprintln!(
+            "[{}] writer: {} writes acknowledged, {failures} failed attempts during the upgrade",
+            fixture.namespace,
+            acknowledged.len()
+        );
+        anyhow::ensure!(
+            acknowledged.len() > 10,
+            "the writer kept writing: {}",
+            acknowledged.len()
+        );
+        let keys = fixture
+            .etcdctl(&endpoints, &["get", "writer-", "--prefix", "--keys-only"])
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let stored: BTreeSet<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+        let lost: Vec<&String> = acknowledged
+            .iter()
+            .filter(|k| !stored.contains(k.as_str()))
+            .collect();
+        assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+        fixture
+            .assert_key_everywhere("before-upgrade", "kept")
+            .await?;
+
+        // One restart per member, and leadership moved away from the leader before it
+        // restarted. kube's event recorder folds Events of the same reason into one series
+        // (keeping the first note), so restarts are counted, not named.
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(fixture.client.clone(), &fixture.namespace);
+        eventually("the upgrade's Events", Duration::from_secs(30), || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let count = |reason: &str| -> i32 {
+                list.items
+                    .iter()
+                    .filter(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
+                            && e.reason.as_deref() == Some(reason)
+                    })
+                    .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                    .sum()
+            };
+            let (restarts, moves) = (count("MemberUpgrading"), count("LeaderMoved"));
+            (restarts == 3 && moves >= 1)
+                .then_some(())
+                .ok_or(format!("{restarts} restarts, {moves} leader moves"))
+        })
+        .await?;
+
+        // Back down a minor is refused too.
+        fixture.patch_spec(json!({"version": old})).await?;
+        fixture
+            .wait_condition("Degraded", "True", "DowngradeNotSupported")
+            .await?;
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
