@@ -33,7 +33,7 @@ pub enum ActError {
         message: String,
     },
     /// The API server refused or failed a write.
-    #[error("{what} failed: {source}")]
+    #[error("{what} failed: {}", api_error_text(source))]
     Api {
         /// The write.
         what: String,
@@ -41,6 +41,16 @@ pub enum ActError {
         #[source]
         source: kube::Error,
     },
+}
+
+/// The API server's own message for an API error (not the Debug dump of its Status).
+pub fn api_error_text(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
 }
 
 impl ActError {
@@ -61,6 +71,15 @@ pub struct Executor {
     plugin_label: String,
     info: PolicyInfo,
     parent_resource: ApiResource,
+}
+
+/// Eight hex digits identifying a text.
+fn fingerprint(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The kube-rs address of a declared kind.
@@ -269,7 +288,15 @@ impl Executor {
                 EventType::Normal => KubeEventType::Normal,
                 EventType::Warning => KubeEventType::Warning,
             },
-            action: reason.clone(),
+            // kube's Recorder folds events with the same (type, reason, action, object) into
+            // one series and keeps only the first note; a fingerprint of the note in `action`
+            // keeps distinct messages distinct ("added member -1", then "-2") while identical
+            // repeats (a failure retried with backoff) still fold into one series.
+            action: format!(
+                "{}-{}",
+                reason.chars().take(100).collect::<String>(),
+                fingerprint(&note)
+            ),
             reason,
             note: Some(note),
             secondary: None,

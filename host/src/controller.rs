@@ -48,7 +48,10 @@ pub enum ReconcileError {
     #[error(transparent)]
     Act(#[from] ActError),
     /// The host's own bookkeeping write (finalizer) failed.
-    #[error("updating the finalizer of {parent} failed: {source}")]
+    #[error(
+        "updating the finalizer of {parent} failed: {}",
+        crate::act::api_error_text(source)
+    )]
     Finalizer {
         /// namespace/name.
         parent: String,

@@ -106,6 +106,16 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         .spawn()
         .context("cannot start target/debug/policy-host")?;
 
+    // Pods are refused until kube-controller-manager has made the namespace's ServiceAccount.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    policy_host_testenv::wait_for(
+        "the default ServiceAccount",
+        Duration::from_secs(60),
+        || async { accounts.get_opt("default").await.ok().flatten() },
+    )
+    .await?;
+
     step(&format!("applying {}", cluster_file.display()));
     let mut cluster: Value =
         serde_yaml::from_str(&std::fs::read_to_string(root.join(cluster_file))?)?;
