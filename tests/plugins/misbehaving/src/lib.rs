@@ -82,7 +82,10 @@ mod plugin {
         fn reconcile(observation: Observation) -> Result<Decision, PolicyError> {
             let parent: Value = serde_json::from_str(&observation.parent)
                 .map_err(|e| refuse("BadParent", format!("parent is not JSON: {e}")))?;
-            let name = parent["metadata"]["name"].as_str().unwrap_or("unnamed").to_string();
+            let name = parent["metadata"]["name"]
+                .as_str()
+                .unwrap_or("unnamed")
+                .to_string();
             let behaviour = parent["spec"]["behaviour"].as_str().unwrap_or("ok");
             match behaviour {
                 "loop" => {
