@@ -1,0 +1,53 @@
+//! The app-call client: the one way a plugin reaches its app (HTTP/JSON to a granted port
+//! of a pod its parent owns). Decision logic takes `&mut dyn AppCall`, so it runs against
+//! the host's import in wasm and against [`ScriptedAppCall`](crate::testing::ScriptedAppCall)
+//! in native tests.
+
+use crate::contract::{AppCallError, AppCallRequest, AppCallResponse, Method};
+
+/// Sends app-calls. In wasm the SDK passes its implementation over the host import to
+/// [`Plugin::reconcile`](crate::Plugin::reconcile); tests pass a fake.
+pub trait AppCall {
+    /// Sends one request and waits for the response (any status code is a response).
+    fn call(&mut self, request: &AppCallRequest) -> Result<AppCallResponse, AppCallError>;
+
+    /// `GET path` on `pod`:`port`.
+    fn get(&mut self, pod: &str, port: &str, path: &str) -> Result<AppCallResponse, AppCallError> {
+        self.call(&AppCallRequest {
+            pod: pod.to_owned(),
+            port: port.to_owned(),
+            method: Method::Get,
+            path: path.to_owned(),
+            body: None,
+        })
+    }
+
+    /// `POST path` on `pod`:`port` with a JSON body.
+    fn post(
+        &mut self,
+        pod: &str,
+        port: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<AppCallResponse, AppCallError> {
+        self.call(&AppCallRequest {
+            pod: pod.to_owned(),
+            port: port.to_owned(),
+            method: Method::Post,
+            path: path.to_owned(),
+            body: Some(body.to_string()),
+        })
+    }
+}
+
+impl AppCallResponse {
+    /// True for a 2xx status.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The body parsed as JSON `T`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.body)
+    }
+}
