@@ -125,6 +125,7 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
         .as_str()
         .unwrap_or("example-etcd-cluster")
         .to_string();
+    let applied = std::time::Instant::now();
     clusters
         .patch(
             &name,
@@ -145,6 +146,11 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
         },
     )
     .await?;
+    // A figure for BENCHMARKS.md, printed with --nocapture (not asserted: timing is no test).
+    eprintln!(
+        "figure: apply -> READY 3/3 took {:.1} s",
+        applied.elapsed().as_secs_f64()
+    );
     assert_eq!(
         status["members"].as_array().map(Vec::len),
         Some(3),
