@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::protocol::{Child, KindRef};
-use crate::spec::ValidSpec;
+use crate::spec::{RestoreSpec, ValidSpec};
 
 /// Label every child carries: `app.kubernetes.io/name: etcd`.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
@@ -30,6 +30,14 @@ pub const CLIENT_PORT: u16 = 2379;
 pub const PEER_PORT: u16 = 2380;
 /// Where the data volume is mounted; etcd's data dir is `data` below it.
 pub const DATA_MOUNT: &str = "/var/lib/etcd";
+/// Where the backup Pod mounts the backup claim.
+pub const BACKUP_MOUNT: &str = "/backup";
+/// Where a restoring seed member mounts the claim holding its snapshot.
+pub const RESTORE_MOUNT: &str = "/restore";
+/// Label of the backup Pod (`backup`), which is not a member.
+pub const LABEL_ROLE: &str = "etcd.database.coreos.com/role";
+/// Annotation of the backup Pod: the `spec.backup.trigger` it runs for.
+pub const ANNOTATION_TRIGGER: &str = "etcd.database.coreos.com/backup-trigger";
 
 /// Kind of member pods.
 pub fn pod_kind() -> KindRef {
@@ -84,6 +92,33 @@ impl ClusterRef {
             && digits.bytes().all(|b| b.is_ascii_digit())
             && (digits == "0" || !digits.starts_with('0'));
         if canonical { digits.parse().ok() } else { None }
+    }
+
+    /// Name of the claim that keeps the snapshots: `backup-<cluster>`.
+    pub fn backup_claim_name(&self) -> String {
+        format!("backup-{}", self.name)
+    }
+
+    /// Name of the Pod that takes a snapshot: `<cluster>-backup` (never a member name).
+    pub fn backup_pod_name(&self) -> String {
+        format!("{}-backup", self.name)
+    }
+
+    /// Snapshot file for a trigger: `<cluster>-<trigger>.db`, the trigger reduced to
+    /// letters, digits, `.`, `_` and `-`.
+    pub fn snapshot_file(&self, trigger: &str) -> String {
+        let safe: String = trigger
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(100)
+            .collect();
+        format!("{}-{safe}.db", self.name)
     }
 
     /// Name of the data claim of a member pod.
@@ -307,14 +342,14 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
             etcd[key] = value.clone();
         }
     }
-    // Only our own volume: admission adds the service account token volume and mount.
+    // Only our own volumes: admission adds the service account token volume and mount.
     let data = |list: &Value| -> Value {
         Value::Array(
             list.as_array()
                 .map(|items| {
                     items
                         .iter()
-                        .filter(|v| v["name"] == "data")
+                        .filter(|v| v["name"] == "data" || v["name"] == "restore")
                         .cloned()
                         .collect()
                 })
@@ -323,6 +358,23 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
     };
     etcd["volumeMounts"] = data(&container["volumeMounts"]);
     let mut pod_spec = json!({"containers": [etcd], "volumes": data(&spec["volumes"])});
+    // Init containers cannot change on a running pod: re-applied as they are.
+    if let Some(init) = spec["initContainers"].as_array() {
+        let init: Vec<Value> = init
+            .iter()
+            .map(|c| {
+                let mut kept = json!({"name": c["name"], "image": c["image"]});
+                for key in ["command", "args"] {
+                    if let Some(value) = c.get(key) {
+                        kept[key] = value.clone();
+                    }
+                }
+                kept["volumeMounts"] = data(&c["volumeMounts"]);
+                kept
+            })
+            .collect();
+        pod_spec["initContainers"] = Value::Array(init);
+    }
     for key in ["hostname", "subdomain", "restartPolicy"] {
         if let Some(value) = spec.get(key) {
             pod_spec[key] = value.clone();
@@ -340,6 +392,102 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
         "metadata": {"name": name, "labels": labels},
         "spec": pod_spec,
     }))
+}
+
+/// A seed member pod that starts from a snapshot: an init container restores it into the
+/// data directory (`etcdutl snapshot restore`, which makes a new cluster of one member with
+/// the snapshot's keys), then etcd starts on it. etcd ignores the initial-cluster flags when
+/// its data directory exists, so the member's own flags stay as they are.
+pub fn with_restore(
+    mut pod: Value,
+    cluster: &ClusterRef,
+    spec: &ValidSpec,
+    restore: &RestoreSpec,
+) -> Value {
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let peer = cluster.peer_url(&name);
+    let restore_container = json!({
+        "name": "restore",
+        "image": spec.image,
+        "command": [
+            "/usr/local/bin/etcdutl", "snapshot", "restore",
+            format!("{RESTORE_MOUNT}/{}", restore.snapshot),
+            format!("--data-dir={DATA_MOUNT}/data"),
+            format!("--name={name}"),
+            format!("--initial-cluster={name}={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster-token={}", cluster.name),
+        ],
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA_MOUNT},
+            {"name": "restore", "mountPath": RESTORE_MOUNT, "readOnly": true},
+        ],
+    });
+    pod["spec"]["initContainers"] = json!([restore_container]);
+    if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
+        volumes.push(json!({
+            "name": "restore",
+            "persistentVolumeClaim": {"claimName": restore.claim_name, "readOnly": true},
+        }));
+    }
+    pod
+}
+
+/// The claim that keeps the snapshots (only with `spec.backup`).
+pub fn backup_claim(cluster: &ClusterRef, spec: &ValidSpec) -> Option<Value> {
+    let backup = spec.backup.as_ref()?;
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": backup.storage.size.0}},
+    });
+    if let Some(class) = &backup.storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    Some(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": cluster.backup_claim_name(), "labels": cluster.labels()},
+        "spec": claim_spec,
+    }))
+}
+
+/// The Pod that takes one snapshot: `etcdctl snapshot save` from one member (a snapshot is
+/// always streamed from a single member) into the backup claim, then it exits.
+pub fn backup_pod(cluster: &ClusterRef, spec: &ValidSpec, from: &str, trigger: &str) -> Value {
+    let mut labels = cluster.labels();
+    labels[LABEL_ROLE] = json!("backup");
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": cluster.backup_pod_name(),
+            "labels": labels,
+            "annotations": {ANNOTATION_TRIGGER: trigger},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "snapshot",
+                "image": spec.image,
+                "command": [
+                    "/usr/local/bin/etcdctl",
+                    "snapshot", "save",
+                    format!("{BACKUP_MOUNT}/{}", cluster.snapshot_file(trigger)),
+                ],
+                // The endpoint as an environment variable rather than `--endpoints`: etcdctl
+                // refuses a flag that shadows a variable, and an environment may set one.
+                "env": [{"name": "ETCDCTL_ENDPOINTS", "value": cluster.client_url(from)}],
+                "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
+            }],
+            "volumes": [{
+                "name": "backup",
+                "persistentVolumeClaim": {"claimName": cluster.backup_claim_name()},
+            }],
+        },
+    })
 }
 
 /// The data claim of a member pod (only with `spec.storage`).
@@ -382,13 +530,20 @@ impl ObservedPod {
     pub fn is_gone(&self) -> bool {
         self.terminating || self.phase == "Failed" || self.phase == "Succeeded"
     }
+
+    /// The backup trigger a backup pod runs for.
+    pub fn trigger(&self) -> Option<&str> {
+        self.object["metadata"]["annotations"][ANNOTATION_TRIGGER].as_str()
+    }
 }
 
 /// The children of one EtcdCluster, as observed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObservedChildren {
-    /// Pods, sorted by name.
+    /// Member pods, sorted by name.
     pub pods: Vec<ObservedPod>,
+    /// Backup pods (label `etcd.database.coreos.com/role: backup`).
+    pub backup_pods: Vec<ObservedPod>,
     /// Names of data claims, sorted.
     pub claims: Vec<String>,
 }
@@ -469,7 +624,13 @@ impl ObservedChildren {
                     .find(|c| c.name == "etcd")
                     .map(|c| c.image)
                     .unwrap_or_default();
-                observed.pods.push(ObservedPod {
+                let backup = object["metadata"]["labels"][LABEL_ROLE] == "backup";
+                let list = if backup {
+                    &mut observed.backup_pods
+                } else {
+                    &mut observed.pods
+                };
+                list.push(ObservedPod {
                     ready: status
                         .conditions
                         .iter()
@@ -636,6 +797,42 @@ mod tests {
             Some(1)
         );
         assert_eq!(upgraded["metadata"]["labels"], pod["metadata"]["labels"]);
+    }
+
+    #[test]
+    fn a_restoring_seed_keeps_its_init_container_through_an_upgrade() {
+        let c = cluster();
+        let s = spec(false);
+        let pod = member_pod(
+            &c,
+            &s,
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        let restore = RestoreSpec {
+            claim_name: "backup-old".into(),
+            snapshot: "old-1.db".into(),
+        };
+        let restoring = with_restore(pod, &c, &s, &restore);
+        assert_eq!(
+            restoring["spec"]["initContainers"][0]["command"][0],
+            "/usr/local/bin/etcdutl"
+        );
+        // Init containers of a running pod are immutable: an upgrade re-applies them as
+        // they are, with the snapshot's volume.
+        let upgraded = with_image(&restoring, "repo:v3.6.17").expect("etcd container");
+        assert_eq!(
+            upgraded["spec"]["initContainers"],
+            restoring["spec"]["initContainers"]
+        );
+        assert_eq!(upgraded["spec"]["volumes"], restoring["spec"]["volumes"]);
+        assert_eq!(
+            c.snapshot_file("2024-05-01 12:00/x"),
+            "ex-2024-05-01-12-00-x.db"
+        );
     }
 
     #[test]

@@ -31,9 +31,11 @@ use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList};
 use crate::protocol::{
     Action, Decision, Event, EventType, FinalizeDecision, Observation, PolicyError, Timestamp,
 };
-use crate::spec::{EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, ValidSpec, Version};
+use crate::spec::{
+    BackupStatus, EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, ValidSpec, Version,
+};
 use crate::status::{
-    AVAILABLE, ConditionUpdate, DEGRADED, PROGRESSING, already_reported, merge_conditions,
+    AVAILABLE, ConditionUpdate, DEGRADED, PROGRESSING, already_reported, merge_conditions, rfc3339,
 };
 
 /// Requeue delay while something is changing or the plugin waits for members.
@@ -136,6 +138,9 @@ pub fn reconcile(
         progress: None,
         degraded: None,
         version_blocked: false,
+        now: observation.now,
+        backup_status: None,
+        backup_running: false,
     };
     let view = step.contact(etcd);
     let outcome = match view {
@@ -234,6 +239,12 @@ struct Step<'a> {
     /// The spec asks for a version change etcd cannot make (downgrade, or more than one
     /// minor at once): no member is added or upgraded until the spec is fixed.
     version_blocked: bool,
+    /// The observation's time.
+    now: Timestamp,
+    /// The backup result to record, when a snapshot finished in this reconcile.
+    backup_status: Option<BackupStatus>,
+    /// A snapshot is being taken: look again soon.
+    backup_running: bool,
 }
 
 /// A member and the pod it runs in.
@@ -377,6 +388,24 @@ impl<'a> Step<'a> {
                     "ClusterCreated",
                     format!("seed member {seed} created, etcd {}", self.spec.version),
                 );
+                if let Some(restore) = &self.spec.restore
+                    && let Some(Action::Apply(pod)) = self.actions.pop()
+                {
+                    self.actions.push(Action::Apply(children::with_restore(
+                        pod,
+                        self.cluster,
+                        self.spec,
+                        restore,
+                    )));
+                    self.event(
+                        EventType::Normal,
+                        "Restoring",
+                        format!(
+                            "seed member {seed} starts from snapshot {} in claim {}",
+                            restore.snapshot, restore.claim_name
+                        ),
+                    );
+                }
                 self.progressing("Bootstrapping", format!("starting seed member {seed}"));
             } else if live_pods == 0 {
                 // The seed failed before the cluster ever answered: start it again.
@@ -464,7 +493,86 @@ impl<'a> Step<'a> {
             self.check_version_change(&running);
         }
         let list = self.membership_step(etcd, &view.contact, view.list, leader);
+        self.backup(&view.contact);
         Outcome::Reachable { list, version }
+    }
+
+    /// Takes a snapshot when `spec.backup.trigger` names one not taken yet: a Pod runs
+    /// `etcdctl snapshot save` from the member that answered into the backup claim; once it
+    /// has finished, its result goes to `status.backup` and the Pod is deleted.
+    fn backup(&mut self, contact: &str) {
+        let Some(backup) = &self.spec.backup else {
+            return;
+        };
+        if let Some(claim) = children::backup_claim(self.cluster, self.spec) {
+            self.actions.push(Action::Apply(claim));
+        }
+        let trigger = backup.trigger.as_deref().unwrap_or_default().trim();
+        let recorded = self.observed.backup.as_ref();
+        let done = trigger.is_empty() || recorded.is_some_and(|b| b.trigger == trigger);
+        let pod = self.children.backup_pods.first();
+        let delete = |step: &mut Self, pod: &ObservedPod| {
+            if !pod.terminating {
+                step.actions.push(Action::Delete {
+                    kind: children::pod_kind(),
+                    name: pod.name.clone(),
+                });
+            }
+        };
+        match pod {
+            // Finished and recorded, or left from an older trigger.
+            Some(pod) if done || pod.trigger() != Some(trigger) => delete(self, pod),
+            Some(pod) if pod.phase == "Succeeded" || pod.phase == "Failed" => {
+                let succeeded = pod.phase == "Succeeded";
+                let file = self.cluster.snapshot_file(trigger);
+                let last = recorded.filter(|b| b.phase == "Succeeded");
+                self.backup_status = Some(BackupStatus {
+                    trigger: trigger.to_owned(),
+                    phase: pod.phase.clone(),
+                    last_snapshot: if succeeded {
+                        Some(file.clone())
+                    } else {
+                        last.and_then(|b| b.last_snapshot.clone())
+                    },
+                    last_success_time: if succeeded {
+                        Some(rfc3339(self.now))
+                    } else {
+                        last.and_then(|b| b.last_success_time.clone())
+                    },
+                });
+                if succeeded {
+                    self.event(
+                        EventType::Normal,
+                        "BackupSucceeded",
+                        format!(
+                            "snapshot {file} saved in claim {}",
+                            self.cluster.backup_claim_name()
+                        ),
+                    );
+                } else {
+                    self.event(
+                        EventType::Warning,
+                        "BackupFailed",
+                        format!(
+                            "snapshot {file} failed; see the logs of pod {} before it goes, and set spec.backup.trigger to a new value to retry",
+                            pod.name
+                        ),
+                    );
+                }
+                delete(self, pod);
+            }
+            Some(_) => self.backup_running = true,
+            None if done => {}
+            None => {
+                self.actions.push(Action::Apply(children::backup_pod(
+                    self.cluster,
+                    self.spec,
+                    contact,
+                    trigger,
+                )));
+                self.backup_running = true;
+            }
+        }
     }
 
     /// etcd upgrades one minor version at a time and never downgrades
@@ -1041,6 +1149,9 @@ impl<'a> Step<'a> {
         status.ready = Some(format!("{ready_count}/{size}"));
         status.target_version = Some(self.spec.version.text.clone());
         status.observed_generation = parent.generation;
+        if let Some(backup) = self.backup_status.take() {
+            status.backup = Some(backup);
+        }
 
         let progressing = match &self.progress {
             Some((reason, message)) => {
@@ -1084,7 +1195,7 @@ impl<'a> Step<'a> {
         );
 
         // Degraded without progress waits for a human: no point in polling fast.
-        let steady = self.progress.is_none();
+        let steady = self.progress.is_none() && !self.backup_running;
         let mut actions = self.actions;
         actions.extend(self.events.into_iter().map(Action::RecordEvent));
         actions.push(Action::SetStatus(

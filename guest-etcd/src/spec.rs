@@ -98,6 +98,37 @@ pub struct EtcdClusterSpec {
     /// data in an `emptyDir` and a member whose pod is lost is replaced by a fresh member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
+    /// Snapshots of the cluster's data into a claim `backup-<cluster>`, taken by a Pod
+    /// running `etcdctl snapshot save`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+    /// Start a new cluster from a snapshot instead of empty (read only at creation; later
+    /// changes are ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreSpec>,
+}
+
+/// Where snapshots go and when one is taken.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// The claim `backup-<cluster>` that keeps the snapshots.
+    pub storage: StorageSpec,
+    /// Set it to a new value (e.g. the current time) to take a snapshot now; the snapshot
+    /// file is `<cluster>-<trigger>.db`, with characters other than letters, digits, `.`,
+    /// `_` and `-` replaced by `-`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+}
+
+/// A snapshot to restore a new cluster from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreSpec {
+    /// The claim holding the snapshot, e.g. `backup-<other cluster>`.
+    pub claim_name: String,
+    /// The snapshot file in that claim, as `status.backup.lastSnapshot` names it.
+    pub snapshot: String,
 }
 
 /// Settings for the member pods.
@@ -210,6 +241,27 @@ pub struct EtcdClusterStatus {
     /// The `metadata.generation` this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The last snapshot taken, once `spec.backup.trigger` was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+}
+
+/// Result of the last snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The `spec.backup.trigger` this result is for.
+    #[serde(default)]
+    pub trigger: String,
+    /// `Succeeded` or `Failed`.
+    #[serde(default)]
+    pub phase: String,
+    /// The snapshot file in the backup claim (the last one that succeeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot: Option<String>,
+    /// When the last snapshot succeeded (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_time: Option<String>,
 }
 
 /// Lifecycle phase of the cluster.
@@ -275,6 +327,10 @@ pub struct ValidSpec {
     pub resources: Option<ResourceRequirements>,
     /// Persistent storage, if any.
     pub storage: Option<StorageSpec>,
+    /// Snapshots, if any.
+    pub backup: Option<BackupSpec>,
+    /// Snapshot to start from, if any.
+    pub restore: Option<RestoreSpec>,
 }
 
 /// An etcd version `major.minor.patch` (pre-release suffixes are kept for the image tag).
@@ -364,6 +420,21 @@ impl EtcdClusterSpec {
         {
             return Err("spec.storage.size is empty: set it, e.g. 1Gi".to_owned());
         }
+        if let Some(backup) = &self.backup
+            && backup.storage.size.0.trim().is_empty()
+        {
+            return Err("spec.backup.storage.size is empty: set it, e.g. 1Gi".to_owned());
+        }
+        if let Some(restore) = &self.restore
+            && (restore.claim_name.trim().is_empty()
+                || restore.snapshot.trim().is_empty()
+                || restore.snapshot.contains('/'))
+        {
+            return Err(
+                "spec.restore needs claimName and snapshot (a file name in that claim, as status.backup.lastSnapshot names it)"
+                    .to_owned(),
+            );
+        }
         Ok(ValidSpec {
             // Checked above: 1 <= size <= MAX_SIZE.
             size: usize::try_from(self.size).unwrap_or(1),
@@ -371,6 +442,8 @@ impl EtcdClusterSpec {
             version,
             resources: self.pod.as_ref().and_then(|p| p.resources.clone()),
             storage: self.storage.clone(),
+            backup: self.backup.clone(),
+            restore: self.restore.clone(),
         })
     }
 }

@@ -287,6 +287,38 @@ fn claim(name: &str) -> Child {
     }
 }
 
+/// The backup pod of `ex` for `trigger`, in `phase`, as the API server would return it.
+fn backup_pod_child(trigger: &str, phase: &str) -> Child {
+    let cluster = ClusterRef {
+        name: "ex".into(),
+        namespace: "ns".into(),
+    };
+    let spec = EtcdClusterSpec {
+        size: 3,
+        version: "3.6.16".into(),
+        ..Default::default()
+    }
+    .validate()
+    .expect("valid");
+    let mut object = children::backup_pod(&cluster, &spec, "ex-0", trigger);
+    object["status"] = json!({"phase": phase});
+    Child {
+        kind: pod_kind(),
+        object: object.to_string(),
+    }
+}
+
+fn with_backup(size: i64, trigger: &str) -> Value {
+    json!({"size": size, "version": "3.6.16", "backup": {"storage": {"size": "1Gi"}, "trigger": trigger}})
+}
+
+/// A recorded cluster whose status says the snapshot for `trigger` succeeded.
+fn backed_up(members: &[&str], trigger: &str) -> Value {
+    let mut status = recorded(members);
+    status["backup"] = json!({"trigger": trigger, "phase": "Succeeded", "lastSnapshot": format!("ex-{trigger}.db")});
+    status
+}
+
 fn spec(size: i64) -> Value {
     json!({"size": size, "version": "3.6.16"})
 }
@@ -1253,6 +1285,165 @@ fn rows() -> Vec<Row> {
             phase: "Running",
             requeue: None,
             check: |_, etcd| assert!(etcd.calls.is_empty()),
+        },
+        Row {
+            name: "a new backup trigger starts a snapshot pod streaming from the member that answered",
+            observation: observation(
+                with_backup(3, "2024-05-01T12:00"),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex", "Pod/ex-backup"],
+            deleted: &[],
+            events: &[],
+            phase: "Running",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let pod = d.actions.iter().find_map(|a| match a {
+                    Action::Apply(o) if o["metadata"]["name"] == "ex-backup" => Some(o.clone()),
+                    _ => None,
+                });
+                let container = pod.unwrap_or_default()["spec"]["containers"][0].clone();
+                assert_eq!(
+                    container["command"],
+                    json!([
+                        "/usr/local/bin/etcdctl",
+                        "snapshot",
+                        "save",
+                        "/backup/ex-2024-05-01T12-00.db"
+                    ])
+                );
+                assert_eq!(
+                    container["env"],
+                    json!([{"name": "ETCDCTL_ENDPOINTS", "value": "http://ex-0.ex.ns.svc:2379"}])
+                );
+            },
+        },
+        Row {
+            name: "a finished snapshot is recorded in status and its pod deleted",
+            observation: observation(
+                with_backup(3, "t1"),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-2"),
+                    backup_pod_child("t1", "Succeeded"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex"],
+            deleted: &["Pod/ex-backup"],
+            events: &["Normal/BackupSucceeded"],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db", "{status}");
+                assert_eq!(status["backup"]["trigger"], "t1");
+                assert_eq!(status["backup"]["lastSuccessTime"], "2024-05-01T12:00:00Z");
+            },
+        },
+        Row {
+            name: "a failed snapshot is recorded as failed, keeping the last good one",
+            observation: observation(
+                with_backup(3, "t2"),
+                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-2"),
+                    backup_pod_child("t2", "Failed"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex"],
+            deleted: &["Pod/ex-backup"],
+            events: &["Warning/BackupFailed"],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["backup"]["phase"], "Failed", "{status}");
+                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db");
+            },
+        },
+        Row {
+            name: "a snapshot already recorded is not taken again, and a backup pod is never a member",
+            observation: observation(
+                with_backup(3, "t1"),
+                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex"],
+            deleted: &[],
+            events: &[],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: no_check,
+        },
+        Row {
+            name: "a running snapshot pod is left alone and not taken for a stray member",
+            observation: observation(
+                with_backup(3, "t1"),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-2"),
+                    backup_pod_child("t1", "Running"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex"],
+            deleted: &[],
+            events: &[],
+            phase: "Running",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "restore: the seed member starts from the snapshot, restored by an init container",
+            observation: observation(
+                json!({"size": 3, "version": "3.6.16", "restore": {"claimName": "backup-old", "snapshot": "old-t1.db"}}),
+                None,
+                vec![],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &["Pod/ex-0"],
+            deleted: &[],
+            events: &["Normal/ClusterCreated", "Normal/Restoring"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let pod = d.actions.iter().find_map(|a| match a {
+                    Action::Apply(o) if o["metadata"]["name"] == "ex-0" => Some(o.clone()),
+                    _ => None,
+                });
+                let pod = pod.unwrap_or_default();
+                let init = &pod["spec"]["initContainers"][0];
+                assert_eq!(init["command"][3], "/restore/old-t1.db", "{init}");
+                assert!(
+                    init["command"]
+                        .as_array()
+                        .is_some_and(|c| c.contains(&json!("--data-dir=/var/lib/etcd/data"))),
+                    "{init}"
+                );
+                assert_eq!(
+                    pod["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"],
+                    "backup-old"
+                );
+                let args = pod_args(d, "ex-0");
+                assert!(args.contains(&"--initial-cluster-state=new".to_owned()));
+            },
         },
     ]
 }

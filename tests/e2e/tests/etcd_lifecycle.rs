@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 const CONVERGE: Duration = Duration::from_secs(150);
 /// Name of the EtcdCluster in every test (each test has its own namespace).
 const NAME: &str = "lifecycle";
+/// Name of the cluster restored from a snapshot of `NAME`.
+const RESTORED: &str = "restored";
 
 fn etcd_clusters() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -71,6 +73,8 @@ fn etcd_version(env: &TestEnv, minor: &str) -> anyhow::Result<String> {
 /// One test's EtcdCluster, its namespace, the host reconciling it and an etcd client.
 struct Fixture {
     env: &'static TestEnv,
+    /// The EtcdCluster the helpers look at.
+    name: String,
     client: kube::Client,
     namespace: String,
     plugin: PathBuf,
@@ -91,8 +95,13 @@ impl Fixture {
         let namespace = env.create_namespace(prefix).await?;
         let plugin =
             policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-        let host =
-            HostUnderTest::start(env, &[plugin.clone()], &namespace, Limits::default()).await?;
+        let host = HostUnderTest::start(
+            env,
+            std::slice::from_ref(&plugin),
+            &namespace,
+            Limits::default(),
+        )
+        .await?;
         let version = etcd_version(env, etcdctl_minor)?;
         let etcdctl = env
             .binaries()
@@ -101,6 +110,7 @@ impl Fixture {
             .join("etcdctl");
         Ok(Fixture {
             env,
+            name: NAME.to_owned(),
             clusters: Api::namespaced_with(client.clone(), &namespace, &etcd_clusters()),
             pods: Api::namespaced(client.clone(), &namespace),
             client,
@@ -133,15 +143,20 @@ impl Fixture {
     }
 
     async fn create_cluster(&self, size: i64, version: &str) -> anyhow::Result<()> {
+        self.create_cluster_with(json!({"size": size, "version": version}))
+            .await
+    }
+
+    async fn create_cluster_with(&self, spec: Value) -> anyhow::Result<()> {
         let cluster = json!({
             "apiVersion": "etcd.database.coreos.com/v1beta2",
             "kind": "EtcdCluster",
-            "metadata": {"name": NAME},
-            "spec": {"size": size, "version": version},
+            "metadata": {"name": self.name},
+            "spec": spec,
         });
         self.clusters
             .patch(
-                NAME,
+                &self.name,
                 &PatchParams::apply("e2e").force(),
                 &Patch::Apply(&cluster),
             )
@@ -152,7 +167,7 @@ impl Fixture {
     async fn patch_spec(&self, spec: Value) -> anyhow::Result<()> {
         self.clusters
             .patch(
-                NAME,
+                &self.name,
                 &PatchParams::default(),
                 &Patch::Merge(&json!({"spec": spec})),
             )
@@ -161,7 +176,7 @@ impl Fixture {
     }
 
     async fn cluster(&self) -> Result<Value, String> {
-        match self.clusters.get_opt(NAME).await {
+        match self.clusters.get_opt(&self.name).await {
             Ok(Some(object)) => serde_json::to_value(&object).map_err(|e| e.to_string()),
             Ok(None) => Err("the EtcdCluster does not exist".into()),
             Err(e) => Err(e.to_string()),
@@ -172,7 +187,10 @@ impl Fixture {
     async fn live_pods(&self) -> Result<Vec<Pod>, String> {
         let list = self
             .pods
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+            .list(&ListParams::default().labels(&format!(
+                "app.kubernetes.io/instance={},!etcd.database.coreos.com/role",
+                self.name
+            )))
             .await
             .map_err(|e| e.to_string())?;
         let mut pods: Vec<Pod> = list
@@ -254,7 +272,10 @@ impl Fixture {
     async fn wait_converged(&self, size: usize) -> anyhow::Result<Vec<Value>> {
         let started = Instant::now();
         let members = eventually(
-            &format!("{}/{NAME} to converge to {size} members", self.namespace),
+            &format!(
+                "{}/{} to converge to {size} members",
+                self.namespace, self.name
+            ),
             CONVERGE,
             || async {
                 let cluster = self.cluster().await?;
@@ -380,7 +401,7 @@ impl Fixture {
         self.stop_host().await;
         let _ = self
             .clusters
-            .delete(NAME, &DeleteParams::background())
+            .delete(&self.name, &DeleteParams::background())
             .await;
         outcome
     }
@@ -885,6 +906,76 @@ async fn rolling_upgrade_one_minor_loses_no_write_and_refuses_two() -> anyhow::R
         fixture.patch_spec(json!({"version": old})).await?;
         fixture
             .wait_condition("Degraded", "True", "DowngradeNotSupported")
+            .await?;
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restores_into_a_new_cluster() -> anyhow::Result<()> {
+    let mut fixture = Fixture::start("etcd-backup", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture
+            .create_cluster_with(json!({
+                "size": 3, "version": version, "backup": {"storage": {"size": "1Gi"}},
+            }))
+            .await?;
+        fixture.wait_converged(3).await?;
+        fixture.put("in-the-snapshot", "yes").await?;
+
+        fixture
+            .patch_spec(json!({"backup": {"trigger": "first"}}))
+            .await?;
+        let backup = eventually("the snapshot to succeed", CONVERGE, || async {
+            let cluster = fixture.cluster().await?;
+            let backup = cluster["status"]["backup"].clone();
+            (backup["trigger"] == json!("first") && backup["phase"] == json!("Succeeded"))
+                .then_some(backup.clone())
+                .ok_or(format!("status.backup: {backup}"))
+        })
+        .await?;
+        let snapshot = backup["lastSnapshot"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no lastSnapshot: {backup}"))?
+            .to_owned();
+        assert!(backup["lastSuccessTime"].is_string(), "{backup}");
+        let file = fixture
+            .env
+            .pod_runner()
+            .claim_dir(&fixture.namespace, &format!("backup-{NAME}"))
+            .join(&snapshot);
+        let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 0, "{} holds the snapshot", file.display());
+        fixture.put("after-the-snapshot", "yes").await?;
+
+        // A new cluster from that snapshot: its keys are there, later writes are not.
+        fixture.name = RESTORED.to_owned();
+        fixture
+            .create_cluster_with(json!({
+                "size": 3, "version": version,
+                "restore": {"claimName": format!("backup-{NAME}"), "snapshot": snapshot},
+            }))
+            .await?;
+        let members = fixture.wait_converged(3).await?;
+        fixture
+            .assert_key_everywhere("in-the-snapshot", "yes")
+            .await?;
+        fixture
+            .assert_key_everywhere("after-the-snapshot", "")
+            .await?;
+        let original = fixture.clusters.get(NAME).await?;
+        let restored = fixture.cluster().await.map_err(anyhow::Error::msg)?;
+        assert_ne!(
+            restored["status"]["clusterID"],
+            serde_json::to_value(&original)?["status"]["clusterID"],
+            "a new cluster, not a member of the old one: {members:?}"
+        );
+        fixture
+            .clusters
+            .delete(NAME, &DeleteParams::background())
             .await?;
         Ok(())
     }
