@@ -174,3 +174,36 @@ pub fn init_logging() {
         .with_test_writer()
         .try_init();
 }
+
+/// The `Probe` kind the misbehaving test plugin reconciles.
+pub fn probes() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("test.policy-host.io", "v1", "Probe"),
+        "probes",
+    )
+}
+
+/// The CRD of `Probe`: free-form spec and status, with the status subresource.
+pub fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": "probes.test.policy-host.io" },
+        "spec": {
+            "group": "test.policy-host.io",
+            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
+                    }
+                }}
+            }]
+        }
+    }))?)
+}

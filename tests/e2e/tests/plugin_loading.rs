@@ -9,48 +9,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::GroupVersionKind;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object};
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
 use policy_host_testenv::{shared, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PACK: &str = "plugin-probe";
-
-fn probes() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("test.policy-host.io", "v1", "Probe"),
-        "probes",
-    )
-}
-
-fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": { "name": "probes.test.policy-host.io" },
-        "spec": {
-            "group": "test.policy-host.io",
-            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": { "status": {} },
-                "schema": { "openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
-                    }
-                }}
-            }]
-        }
-    }))?)
-}
 
 fn build(version: &str) -> anyhow::Result<Vec<u8>> {
     let path =
