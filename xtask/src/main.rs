@@ -9,6 +9,7 @@
 //! - `demo`: a local control plane, the host with the etcd plugin, an `EtcdCluster` converging.
 
 mod demo;
+mod new_plugin;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,6 +54,14 @@ enum Task {
         #[arg(long, default_value = "deploy/examples/etcd-cluster.yaml")]
         cluster: PathBuf,
     },
+    /// Create a new plugin crate from the template (wit/sdk/template); see wit/sdk/README.md.
+    NewPlugin {
+        /// Plugin name, a DNS label such as `redis` or `my-app`.
+        name: String,
+        /// Where to write it (relative to the workspace root); default `../<name>`.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,11 +70,21 @@ fn main() -> anyhow::Result<()> {
     std::env::set_current_dir(&root).context("cannot enter the workspace root")?;
     match cli.task {
         Task::Setup => setup(&root),
+        Task::NewPlugin { name, dir } => {
+            let dir = dir.unwrap_or_else(|| root.join("..").join(&name));
+            let dir = new_plugin::new_plugin(&root, &name, &dir)?;
+            println!(
+                "created plugin `{name}` in {}; next: wit/sdk/README.md (cargo test, build, pack)",
+                dir.display()
+            );
+            Ok(())
+        }
         Task::Test { cargo_test_args } => {
             setup(&root)?;
             step("cargo test --workspace (unit, sandbox and end-to-end suites)");
             run(Command::new(cargo())
-                .args(["test", "--workspace", "--all-targets"])
+                // Not --all-targets: benches are bench binaries, run by `cargo bench`.
+                .args(["test", "--workspace"])
                 .args(["--", "--test-threads", "4"])
                 .args(cargo_test_args))
         }
