@@ -396,7 +396,7 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
 
 /// A seed member pod that starts from a snapshot: an init container restores it into the
 /// data directory (`etcdutl snapshot restore`, which makes a new cluster of one member with
-/// the snapshot's keys), then etcd starts on it. etcd ignores the initial-cluster flags when
+/// the snapshot's keys and new IDs), then etcd starts on it. etcd ignores the initial-cluster flags when
 /// its data directory exists, so the member's own flags stay as they are.
 pub fn with_restore(
     mut pod: Value,
@@ -419,7 +419,10 @@ pub fn with_restore(
             format!("--name={name}"),
             format!("--initial-cluster={name}={peer}"),
             format!("--initial-advertise-peer-urls={peer}"),
-            format!("--initial-cluster-token={}", cluster.name),
+            // etcd derives member and cluster IDs from the peer URLs and this token: a token
+            // of its own makes the restored cluster a new one, which no member of the old
+            // cluster (same name, same URLs) can ever join or confuse with its own.
+            format!("--initial-cluster-token={}-from-{}", cluster.name, restore.snapshot.trim_end_matches(".db")),
         ],
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_MOUNT},

@@ -32,7 +32,8 @@ use crate::protocol::{
     Action, Decision, Event, EventType, FinalizeDecision, Observation, PolicyError, Timestamp,
 };
 use crate::spec::{
-    BackupStatus, EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, ValidSpec, Version,
+    BackupStatus, EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, RestoreSpec, ValidSpec,
+    Version,
 };
 use crate::status::{
     AVAILABLE, ConditionUpdate, DEGRADED, PROGRESSING, already_reported, merge_conditions, rfc3339,
@@ -141,6 +142,7 @@ pub fn reconcile(
         now: observation.now,
         backup_status: None,
         backup_running: false,
+        restart_from: None,
     };
     let view = step.contact(etcd);
     let outcome = match view {
@@ -245,6 +247,8 @@ struct Step<'a> {
     backup_status: Option<BackupStatus>,
     /// A snapshot is being taken: look again soon.
     backup_running: bool,
+    /// Quorum is lost for good: forget the cluster and start again from this snapshot.
+    restart_from: Option<String>,
 }
 
 /// A member and the pod it runs in.
@@ -388,7 +392,17 @@ impl<'a> Step<'a> {
                     "ClusterCreated",
                     format!("seed member {seed} created, etcd {}", self.spec.version),
                 );
-                if let Some(restore) = &self.spec.restore
+                // A snapshot to start from: the spec's, or the last backup after a quorum loss.
+                let restore = self.spec.restore.clone().or_else(|| {
+                    self.observed
+                        .restoring
+                        .as_ref()
+                        .map(|snapshot| RestoreSpec {
+                            claim_name: self.cluster.backup_claim_name(),
+                            snapshot: snapshot.clone(),
+                        })
+                });
+                if let Some(restore) = &restore
                     && let Some(Action::Apply(pod)) = self.actions.pop()
                 {
                     self.actions.push(Action::Apply(children::with_restore(
@@ -427,6 +441,23 @@ impl<'a> Step<'a> {
             return Outcome::Unreachable {
                 why: "the cluster has not answered yet".into(),
             };
+        }
+        // A recorded cluster whose majority of voters lost pod and data (emptyDir): etcd can
+        // never elect a leader again (raft needs a quorum of the old membership).
+        if self.spec.storage.is_none() {
+            let voters: Vec<&MemberStatus> = self
+                .observed
+                .members
+                .iter()
+                .filter(|m| !m.learner)
+                .collect();
+            let surviving = voters
+                .iter()
+                .filter(|m| self.children.pod(&m.name).is_some_and(|p| !p.is_gone()))
+                .count();
+            if !voters.is_empty() && surviving < quorum(voters.len()) {
+                return self.quorum_lost(voters.len(), surviving);
+            }
         }
         // A recorded cluster. With persistent storage a member whose pod vanished still has
         // its data: recreate the pod (etcd ignores the initial-cluster flags when its data
@@ -479,6 +510,59 @@ impl<'a> Step<'a> {
                 .map(|(_, m)| m.clone())
                 .unwrap_or_else(|| "no member pod is Ready".into()),
         }
+    }
+
+    /// Quorum is lost for good. Reported; and with `spec.backup.restoreOnQuorumLoss` and a
+    /// snapshot, every member pod is deleted and the cluster forgotten in status, so the
+    /// next reconciles bootstrap a new cluster from that snapshot.
+    fn quorum_lost(&mut self, voters: usize, surviving: usize) -> Outcome {
+        let lost = format!(
+            "{} of {voters} voting members lost their pods and data, so etcd has no quorum and cannot recover by itself",
+            voters - surviving
+        );
+        let snapshot = self
+            .spec
+            .backup
+            .as_ref()
+            .filter(|b| b.restore_on_quorum_loss)
+            .and(self.observed.backup.as_ref())
+            .and_then(|b| b.last_snapshot.clone());
+        match snapshot {
+            Some(snapshot) => {
+                for pod in self.pods_by_index() {
+                    if !pod.terminating {
+                        self.actions.push(Action::Delete {
+                            kind: children::pod_kind(),
+                            name: pod.name.clone(),
+                        });
+                    }
+                }
+                self.event(
+                    EventType::Warning,
+                    "QuorumLost",
+                    format!("{lost}; restoring a new cluster from snapshot {snapshot}"),
+                );
+                self.progressing(
+                    "RestoringFromBackup",
+                    format!("starting again from snapshot {snapshot}; writes after it are lost"),
+                );
+                self.restart_from = Some(snapshot);
+            }
+            None if surviving == 0 => {
+                let message = "every member pod is gone and no member answers; with emptyDir storage their data is lost: \
+                               recreate the EtcdCluster from a backup (spec.restore), or set spec.backup.restoreOnQuorumLoss with a snapshot taken";
+                self.degraded = Some(("ClusterLost", message.to_owned()));
+            }
+            None => {
+                self.degraded = Some((
+                    "QuorumLost",
+                    format!(
+                        "{lost}: recreate the EtcdCluster from a backup (spec.restore), or set spec.backup.restoreOnQuorumLoss with a snapshot taken"
+                    ),
+                ));
+            }
+        }
+        Outcome::Unreachable { why: lost }
     }
 
     /// etcd answered: repair, then at most one membership change.
@@ -1152,6 +1236,15 @@ impl<'a> Step<'a> {
         if let Some(backup) = self.backup_status.take() {
             status.backup = Some(backup);
         }
+        if matches!(outcome, Outcome::Reachable { .. }) {
+            status.restoring = None;
+        }
+        if let Some(snapshot) = self.restart_from.take() {
+            status.cluster_id = None;
+            status.members.clear();
+            status.size = None;
+            status.restoring = Some(snapshot);
+        }
 
         let progressing = match &self.progress {
             Some((reason, message)) => {
@@ -1177,7 +1270,7 @@ impl<'a> Step<'a> {
                 degraded.message.clone(),
             );
         }
-        let lost = matches!(&self.degraded, Some((reason, _)) if *reason == "ClusterLost" || *reason == "MemberLost");
+        let lost = matches!(&self.degraded, Some((reason, _)) if ["ClusterLost", "MemberLost", "QuorumLost"].contains(reason));
         status.phase = Some(if lost {
             Phase::Failed
         } else if status.cluster_id.is_none() {

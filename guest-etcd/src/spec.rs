@@ -119,6 +119,12 @@ pub struct BackupSpec {
     /// `_` and `-` replaced by `-`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// When a majority of voting members lost their pods and data (emptyDir storage), so
+    /// etcd cannot recover by itself: delete what is left and start the cluster again from
+    /// the last successful snapshot (`status.backup.lastSnapshot`). Writes made after that
+    /// snapshot are lost. Off by default: the loss is then only reported.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restore_on_quorum_loss: bool,
 }
 
 /// A snapshot to restore a new cluster from.
@@ -244,6 +250,10 @@ pub struct EtcdClusterStatus {
     /// The last snapshot taken, once `spec.backup.trigger` was set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupStatus>,
+    /// The snapshot (in the backup claim) the cluster is being started again from after a
+    /// quorum loss, until the new cluster answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<String>,
 }
 
 /// Result of the last snapshot.

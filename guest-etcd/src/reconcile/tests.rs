@@ -1445,6 +1445,97 @@ fn rows() -> Vec<Row> {
                 assert!(args.contains(&"--initial-cluster-state=new".to_owned()));
             },
         },
+        Row {
+            name: "a majority of voters lost with emptyDir and no restore policy: QuorumLost reported, nothing touched",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![starting("ex-0"), failed("ex-1"), failed("ex-2")],
+            ),
+            etcd: FakeEtcd {
+                answering: Some(vec![]),
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/QuorumLost"],
+            phase: "Failed",
+            requeue: Some(30_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                let degraded = condition(&status, "Degraded").cloned().unwrap_or_default();
+                assert!(
+                    degraded["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("2 of 3") && m.contains("restoreOnQuorumLoss")),
+                    "{degraded}"
+                );
+                assert_eq!(status["clusterID"], "777", "the cluster is not forgotten");
+            },
+        },
+        Row {
+            name: "quorum lost with restoreOnQuorumLoss and a snapshot: every member pod deleted, the cluster forgotten",
+            observation: observation(
+                json!({"size": 3, "version": "3.6.16", "backup": {"storage": {"size": "1Gi"}, "trigger": "t1", "restoreOnQuorumLoss": true}}),
+                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
+                vec![starting("ex-0"), failed("ex-1"), failed("ex-2")],
+            ),
+            etcd: FakeEtcd {
+                answering: Some(vec![]),
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-0", "Pod/ex-1", "Pod/ex-2"],
+            events: &["Warning/QuorumLost"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["restoring"], "ex-t1.db", "{status}");
+                assert!(status.get("clusterID").is_none(), "{status}");
+                assert!(status.get("members").is_none(), "{status}");
+                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db");
+            },
+        },
+        Row {
+            name: "after a quorum loss the seed starts from the last snapshot in the backup claim",
+            observation: observation(
+                json!({"size": 3, "version": "3.6.16", "backup": {"storage": {"size": "1Gi"}, "trigger": "t1", "restoreOnQuorumLoss": true}}),
+                Some(
+                    json!({"restoring": "ex-t1.db", "backup": {"trigger": "t1", "phase": "Succeeded", "lastSnapshot": "ex-t1.db"}}),
+                ),
+                vec![],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &["Pod/ex-0"],
+            deleted: &[],
+            events: &["Normal/ClusterCreated", "Normal/Restoring"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let pod = d.actions.iter().find_map(|a| match a {
+                    Action::Apply(o) if o["metadata"]["name"] == "ex-0" => Some(o.clone()),
+                    _ => None,
+                });
+                let pod = pod.unwrap_or_default();
+                assert_eq!(
+                    pod["spec"]["initContainers"][0]["command"][3],
+                    "/restore/ex-t1.db"
+                );
+                assert_eq!(
+                    pod["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"],
+                    "backup-ex"
+                );
+                assert_eq!(
+                    summarize(d).status["restoring"],
+                    "ex-t1.db",
+                    "kept until etcd answers"
+                );
+            },
+        },
     ]
 }
 

@@ -982,3 +982,82 @@ async fn a_snapshot_restores_into_a_new_cluster() -> anyhow::Result<()> {
     .await;
     fixture.finish(outcome).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_loss_is_reported_and_recovered_from_the_last_snapshot() -> anyhow::Result<()> {
+    let fixture = Fixture::start("etcd-quorum", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture
+            .create_cluster_with(json!({
+                "size": 3, "version": version,
+                "backup": {"storage": {"size": "1Gi"}, "restoreOnQuorumLoss": true},
+            }))
+            .await?;
+        let before = fixture.wait_converged(3).await?;
+        fixture.put("in-the-snapshot", "yes").await?;
+        fixture
+            .patch_spec(json!({"backup": {"trigger": "before-the-loss"}}))
+            .await?;
+        eventually("the snapshot to succeed", CONVERGE, || async {
+            let cluster = fixture.cluster().await?;
+            let backup = cluster["status"]["backup"].clone();
+            (backup["phase"] == json!("Succeeded"))
+                .then_some(())
+                .ok_or(format!("status.backup: {backup}"))
+        })
+        .await?;
+        let old_cluster_id =
+            fixture.cluster().await.map_err(anyhow::Error::msg)?["status"]["clusterID"].clone();
+
+        // Two of three members fail for good, with their emptyDir data: no quorum, ever.
+        for victim in [format!("{NAME}-1"), format!("{NAME}-2")] {
+            fixture
+                .env
+                .pod_runner()
+                .fail_pod(&fixture.namespace, &victim)
+                .await?;
+        }
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(fixture.client.clone(), &fixture.namespace);
+        let reported = eventually("a QuorumLost Warning event", CONVERGE, || async {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("QuorumLost")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .and_then(|e| e.note)
+                .ok_or("no QuorumLost event yet".to_owned())
+        })
+        .await?;
+        assert!(reported.contains("2 of 3"), "{reported}");
+
+        // Back from the snapshot: a new cluster of 3, the snapshot's keys in it.
+        let after = fixture.wait_converged(3).await?;
+        let cluster = fixture.cluster().await.map_err(anyhow::Error::msg)?;
+        assert_ne!(
+            cluster["status"]["clusterID"], old_cluster_id,
+            "a new cluster"
+        );
+        assert!(
+            member_ids(&after).is_disjoint(&member_ids(&before)),
+            "every member is new: {after:?}"
+        );
+        assert!(
+            cluster["status"].get("restoring").is_none(),
+            "{}",
+            cluster["status"]
+        );
+        fixture
+            .assert_key_everywhere("in-the-snapshot", "yes")
+            .await?;
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
