@@ -6,6 +6,7 @@
 //! can therefore only reach what it could already see, which is the point.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -66,6 +67,70 @@ impl PodEndpoint {
     }
 }
 
+/// One pod's scripted answers, by path.
+type ScriptedPaths = HashMap<String, Result<Response, CallError>>;
+
+/// Canned answers to app-calls, by pod and path, and a record of the calls a plugin made:
+/// the world of a plugin run without a network (benchmarks, and later `simulate` and shadow
+/// mode, where a plugin must decide without touching the real application).
+///
+/// Clones share the record, so a caller keeps one clone to read what the plugin asked.
+#[derive(Clone, Debug, Default)]
+pub struct AppCallScript {
+    /// pod → path → answer.
+    answers: Arc<HashMap<String, ScriptedPaths>>,
+    calls: Arc<Mutex<Vec<Request>>>,
+}
+
+impl AppCallScript {
+    /// A script from `(pod, path, answer)` rows; a later row for the same pod and path wins.
+    pub fn new(
+        rows: impl IntoIterator<Item = (String, String, Result<Response, CallError>)>,
+    ) -> Self {
+        let mut answers: HashMap<String, ScriptedPaths> = HashMap::new();
+        for (pod, path, answer) in rows {
+            answers.entry(pod).or_default().insert(path, answer);
+        }
+        Self {
+            answers: Arc::new(answers),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The calls answered so far (through any clone), in order.
+    pub fn calls(&self) -> Vec<Request> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.clear();
+        }
+    }
+
+    /// Answers one request (method and body are recorded, not matched): a pod or path the
+    /// script does not know is unreachable, as an absent pod would be.
+    fn answer(&self, request: Request) -> Result<Response, CallError> {
+        let answer = self
+            .answers
+            .get(&request.pod)
+            .and_then(|paths| paths.get(&request.path))
+            .cloned()
+            .unwrap_or_else(|| {
+                Err(CallError::Unreachable(format!(
+                    "no scripted answer for pod `{}` path `{}`",
+                    request.pod, request.path
+                )))
+            });
+        // Never held across an await: a plain mutex is right here.
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push(request);
+        }
+        answer
+    }
+}
+
 /// What one reconcile's plugin may reach.
 #[derive(Clone, Debug, Default)]
 pub struct AppCallScope {
@@ -73,6 +138,7 @@ pub struct AppCallScope {
     pods: HashMap<String, PodEndpoint>,
     granted_ports: Vec<String>,
     client: Option<reqwest::Client>,
+    script: Option<AppCallScript>,
 }
 
 impl AppCallScope {
@@ -93,6 +159,18 @@ impl AppCallScope {
             pods,
             granted_ports,
             client: Some(client),
+            script: None,
+        }
+    }
+
+    /// A scope with no network: every call is answered from `script` (and recorded there).
+    /// Pods and grants are not checked, since no real pod is reached; use [`Self::new`]
+    /// when the plugin's reach must be enforced.
+    pub fn scripted(parent: String, script: AppCallScript) -> Self {
+        Self {
+            parent,
+            script: Some(script),
+            ..Self::default()
         }
     }
 
@@ -108,6 +186,9 @@ impl AppCallScope {
         request: Request,
         body_limit: usize,
     ) -> Result<Response, CallError> {
+        if let Some(script) = &self.script {
+            return script.answer(request);
+        }
         let url = self.authorize(&request).inspect_err(|error| {
             tracing::warn!(
                 plugin,
@@ -229,6 +310,36 @@ mod tests {
             path: path.into(),
             body: None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_scripted_scope_answers_by_pod_and_path_and_records_the_calls() {
+        let script = AppCallScript::new([(
+            "db-0".to_string(),
+            "/v3/cluster/member/list".to_string(),
+            Ok(Response {
+                status: 200,
+                body: "{}".into(),
+            }),
+        )]);
+        let scope = AppCallScope::scripted("ns/db".into(), script.clone());
+        let answered = scope
+            .call(
+                "p",
+                request("db-0", "client", "/v3/cluster/member/list"),
+                1024,
+            )
+            .await;
+        assert_eq!(answered.map(|r| r.status), Ok(200));
+        let unknown = scope
+            .call("p", request("db-1", "client", "/health"), 1024)
+            .await;
+        assert!(
+            matches!(&unknown, Err(CallError::Unreachable(m)) if m.contains("no scripted answer")),
+            "{unknown:?}"
+        );
+        let calls: Vec<String> = script.calls().into_iter().map(|r| r.pod).collect();
+        assert_eq!(calls, ["db-0", "db-1"]);
     }
 
     #[test]

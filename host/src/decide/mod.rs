@@ -413,6 +413,30 @@ impl Plugin {
         Ok(decision)
     }
 
+    /// Instantiates the plugin once, to call [`ReusedInstance::reconcile`] on it repeatedly.
+    /// For benchmarks only: the host never reuses an instance, because decisions are
+    /// stateless (see the module docs).
+    #[doc(hidden)]
+    pub async fn instantiate_for_reuse(
+        &self,
+        app_calls: AppCallScope,
+        now: Option<contract::Timestamp>,
+    ) -> Result<ReusedInstance, DecideError> {
+        let mut store = self.new_store(app_calls, now);
+        let doing = "instantiating";
+        let instance = self
+            .inner
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|error| self.classify(error, &store, doing))?;
+        Ok(ReusedInstance {
+            plugin: self.clone(),
+            store,
+            instance,
+        })
+    }
+
     fn refused<T>(
         &self,
         outcome: Result<T, contract::PolicyError>,
@@ -453,13 +477,7 @@ impl Plugin {
     ) -> Result<T, DecideError> {
         let inner = &self.inner;
         let limits = &inner.limits;
-        let state = PluginState::new(inner.label.clone(), limits, app_calls, now);
-        let mut store = Store::new(&inner.sandbox.engine, state);
-        store.limiter(|state| state);
-        let ticks = (limits.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
-
+        let mut store = self.new_store(app_calls, now);
         let work = async {
             let plugin = inner.pre.instantiate_async(&mut store).await?;
             call(&plugin, &mut store).await
@@ -469,6 +487,25 @@ impl Plugin {
             Err(_) => return Err(self.deadline_error(doing)),
         };
         result.map_err(|error| self.classify(error, &store, doing))
+    }
+
+    /// A fresh store for one instance, under the plugin's memory limit and deadline.
+    fn new_store(
+        &self,
+        app_calls: AppCallScope,
+        now: Option<contract::Timestamp>,
+    ) -> Store<PluginState> {
+        let inner = &self.inner;
+        let state = PluginState::new(inner.label.clone(), &inner.limits, app_calls, now);
+        let mut store = Store::new(&inner.sandbox.engine, state);
+        store.limiter(|state| state);
+        store.set_epoch_deadline(self.deadline_ticks());
+        store.epoch_deadline_trap();
+        store
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        (self.inner.limits.deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
     }
 
     fn deadline_error(&self, doing: &str) -> DecideError {
@@ -518,6 +555,40 @@ impl Plugin {
                 format!("{said} ({trap})")
             },
         }
+    }
+}
+
+/// One plugin instance called repeatedly, for benchmarks that separate the cost of a call
+/// from the cost of instantiation. Not used by the host (see [`Plugin::instantiate_for_reuse`]);
+/// after an error the instance may be poisoned: drop it.
+#[doc(hidden)]
+pub struct ReusedInstance {
+    plugin: Plugin,
+    store: Store<PluginState>,
+    instance: PolicyPlugin,
+}
+
+impl ReusedInstance {
+    /// Decides for one observation on this instance, under the deadline (re-armed per call)
+    /// and the output limit; the frozen clock keeps the time it was instantiated with.
+    pub async fn reconcile(
+        &mut self,
+        observation: &Observation,
+        doing: &str,
+    ) -> Result<Decision, DecideError> {
+        let plugin = &self.plugin;
+        self.store.set_epoch_deadline(plugin.deadline_ticks());
+        let call = self
+            .instance
+            .policy_host_policy_policy()
+            .call_reconcile(&mut self.store, observation);
+        let outcome = match tokio::time::timeout(plugin.inner.limits.deadline, call).await {
+            Ok(result) => result.map_err(|error| plugin.classify(error, &self.store, doing))?,
+            Err(_) => return Err(plugin.deadline_error(doing)),
+        };
+        let decision = plugin.refused(outcome, doing)?;
+        plugin.check_output(decision.actions.iter().map(|a| a.output_len()).sum(), doing)?;
+        Ok(decision)
     }
 }
 
