@@ -75,6 +75,8 @@ struct Fixture {
     env: &'static TestEnv,
     /// The EtcdCluster the helpers look at.
     name: String,
+    /// When the test started (after the shared environment was up).
+    started: Instant,
     client: kube::Client,
     namespace: String,
     plugin: PathBuf,
@@ -111,6 +113,7 @@ impl Fixture {
         Ok(Fixture {
             env,
             name: NAME.to_owned(),
+            started: Instant::now(),
             clusters: Api::namespaced_with(client.clone(), &namespace, &etcd_clusters()),
             pods: Api::namespaced(client.clone(), &namespace),
             client,
@@ -398,6 +401,11 @@ impl Fixture {
         if outcome.is_err() {
             self.dump().await;
         }
+        eprintln!(
+            "[{}] test took {:.1} s",
+            self.namespace,
+            self.started.elapsed().as_secs_f64()
+        );
         self.stop_host().await;
         let _ = self
             .clusters
@@ -875,9 +883,8 @@ async fn rolling_upgrade_one_minor_loses_no_write_and_refuses_two() -> anyhow::R
             .assert_key_everywhere("before-upgrade", "kept")
             .await?;
 
-        // One restart per member, and leadership moved away from the leader before it
-        // restarted. kube's event recorder folds Events of the same reason into one series
-        // (keeping the first note), so restarts are counted, not named.
+        // One restart per member, each named in its own Event, and leadership moved away
+        // from the leader before it restarted.
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(fixture.client.clone(), &fixture.namespace);
         eventually("the upgrade's Events", Duration::from_secs(30), || async {
@@ -885,20 +892,25 @@ async fn rolling_upgrade_one_minor_loses_no_write_and_refuses_two() -> anyhow::R
                 .list(&ListParams::default())
                 .await
                 .map_err(|e| e.to_string())?;
-            let count = |reason: &str| -> i32 {
+            let notes = |reason: &str| -> Vec<String> {
                 list.items
                     .iter()
                     .filter(|e| {
                         e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
                             && e.reason.as_deref() == Some(reason)
                     })
-                    .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-                    .sum()
+                    .filter_map(|e| e.note.clone())
+                    .collect()
             };
-            let (restarts, moves) = (count("MemberUpgrading"), count("LeaderMoved"));
-            (restarts == 3 && moves >= 1)
+            // "restarting member <pod> with image <image>"
+            let restarted: BTreeSet<String> = notes("MemberUpgrading")
+                .iter()
+                .filter_map(|n| n.split_whitespace().nth(2).map(str::to_owned))
+                .collect();
+            let moved = notes("LeaderMoved");
+            (restarted.len() == 3 && !moved.is_empty())
                 .then_some(())
-                .ok_or(format!("{restarts} restarts, {moves} leader moves"))
+                .ok_or(format!("restarted {restarted:?}, leader moves {moved:?}"))
         })
         .await?;
 
