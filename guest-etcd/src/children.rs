@@ -524,6 +524,10 @@ pub struct ObservedPod {
     pub terminating: bool,
     /// Image of the `etcd` container in the pod's spec.
     pub image: String,
+    /// How many times the `etcd` container restarted.
+    pub restarts: i64,
+    /// Whether the `etcd` container waits in `CrashLoopBackOff` (it keeps exiting).
+    pub crash_loop_back_off: bool,
     /// The whole pod as observed (to re-apply it with a new image).
     pub object: Value,
 }
@@ -585,11 +589,25 @@ struct Container {
 }
 
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct PodStatus {
     #[serde(default)]
     phase: String,
     #[serde(default)]
     conditions: Vec<PodCondition>,
+    #[serde(default)]
+    container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerStatus {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    restart_count: i64,
+    #[serde(default)]
+    state: Value,
 }
 
 #[derive(Deserialize)]
@@ -633,7 +651,11 @@ impl ObservedChildren {
                 } else {
                     &mut observed.pods
                 };
+                let etcd = status.container_statuses.iter().find(|c| c.name == "etcd");
                 list.push(ObservedPod {
+                    restarts: etcd.map_or(0, |c| c.restart_count),
+                    crash_loop_back_off: etcd
+                        .is_some_and(|c| c.state["waiting"]["reason"] == "CrashLoopBackOff"),
                     ready: status
                         .conditions
                         .iter()

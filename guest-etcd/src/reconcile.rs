@@ -43,6 +43,9 @@ use crate::status::{
 pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
 /// Requeue delay when the cluster matches its spec (a health check).
 pub const REQUEUE_STEADY_MS: u64 = 30_000;
+/// Restarts after which a member whose pod is not Ready is crash-looping: its data or its
+/// configuration is broken, and restarting it again will not help.
+pub const CRASH_LOOP_RESTARTS: i64 = 5;
 
 /// The parent EtcdCluster, as far as the decisions need it.
 struct Parent {
@@ -749,6 +752,36 @@ impl<'a> Step<'a> {
                 );
                 repaired = true;
             }
+        }
+        // A crash-looping member (etcd answered, so the others hold a quorum without it):
+        // its pod goes with its claim, so the member is removed and replaced by a fresh one
+        // rather than restarted again on the same data. One at a time.
+        if !repaired
+            && let Some(pod) = members
+                .iter()
+                .filter(|m| m.member.is_started())
+                .filter_map(|m| m.pod.as_deref().and_then(|p| self.children.pod(p)))
+                .find(|p| {
+                    !p.terminating
+                        && !p.ready
+                        && p.crash_loop_back_off
+                        && p.restarts >= CRASH_LOOP_RESTARTS
+                })
+        {
+            self.delete_member_pod(&pod.name);
+            self.event(
+                EventType::Warning,
+                "MemberCrashLooping",
+                format!(
+                    "member {} restarted {} times without becoming Ready; replacing it with a fresh member (its logs say why)",
+                    pod.name, pod.restarts
+                ),
+            );
+            self.progressing(
+                "ReplacingMember",
+                format!("pod {} is crash-looping; replacing it", pod.name),
+            );
+            repaired = true;
         }
 
         // Members without a pod.

@@ -319,6 +319,18 @@ fn backed_up(members: &[&str], trigger: &str) -> Value {
     status
 }
 
+/// A member pod that is not Ready after `restarts` restarts of its etcd container.
+fn restarting(name: &str, restarts: i64) -> Child {
+    let mut child = starting(name);
+    let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    object["status"]["containerStatuses"] = json!([{
+        "name": "etcd", "restartCount": restarts, "ready": false,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+    }]);
+    child.object = object.to_string();
+    child
+}
+
 fn spec(size: i64) -> Value {
     json!({"size": size, "version": "3.6.16"})
 }
@@ -1535,6 +1547,45 @@ fn rows() -> Vec<Row> {
                     "kept until etcd answers"
                 );
             },
+        },
+        Row {
+            name: "a crash-looping member is deleted with its claim, to be replaced by a fresh one",
+            observation: observation(
+                with_storage(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    restarting("ex-2", 6),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                    claim("data-ex-2"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-2", "PersistentVolumeClaim/data-ex-2"],
+            events: &["Warning/MemberCrashLooping"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a member that restarted a few times is given time to come back",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), restarting("ex-2", 2)],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
         },
     ]
 }
