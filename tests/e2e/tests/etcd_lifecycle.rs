@@ -1073,3 +1073,77 @@ async fn quorum_loss_is_reported_and_recovered_from_the_last_snapshot() -> anyho
     .await;
     fixture.finish(outcome).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
+    let fixture = Fixture::start("etcd-crashloop", "3.6").await?;
+    let outcome = async {
+        let version = etcd_version(fixture.env, "3.6")?;
+        fixture.create_cluster(3, &version).await?;
+        let before = fixture.wait_converged(3).await?;
+        fixture.put("survivor", "yes").await?;
+        let victim = format!("{NAME}-2");
+        let victim_id = before
+            .iter()
+            .find(|m| m["name"] == json!(victim))
+            .map(|m| m["ID"].to_string())
+            .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
+
+        // Its etcd keeps dying as soon as it runs: five crashes in a row.
+        for crash in 1..=5 {
+            eventually(
+                &format!("{victim} running before crash {crash}"),
+                CONVERGE,
+                || async {
+                    let pod = fixture.pods.get(&victim).await.map_err(|e| e.to_string())?;
+                    let status = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|c| c.first())
+                        .cloned()
+                        .ok_or("no container status")?;
+                    let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
+                    (running && status.restart_count == crash - 1)
+                        .then_some(())
+                        .ok_or(format!(
+                            "restarts {}, running {running}",
+                            status.restart_count
+                        ))
+                },
+            )
+            .await?;
+            fixture
+                .env
+                .pod_runner()
+                .kill_pod(&fixture.namespace, &victim)
+                .await?;
+        }
+        eventually(
+            "the crash-looping member to leave etcd",
+            CONVERGE,
+            || async {
+                let members = fixture.any_member_list().await?;
+                (!member_ids(&members).contains(&victim_id))
+                    .then_some(())
+                    .ok_or(format!("{members:?}"))
+            },
+        )
+        .await?;
+        let after = fixture.wait_converged(3).await?;
+        assert!(!member_ids(&after).contains(&victim_id), "{after:?}");
+        fixture.assert_key_everywhere("survivor", "yes").await?;
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(fixture.client.clone(), &fixture.namespace);
+        let list = events.list(&ListParams::default()).await?;
+        assert!(
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("MemberCrashLooping")),
+            "a MemberCrashLooping Warning"
+        );
+        Ok(())
+    }
+    .await;
+    fixture.finish(outcome).await
+}
