@@ -303,17 +303,27 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
         }
         None => json!({"name": "data", "emptyDir": {}}),
     };
+    let mut pod_spec = json!({
+        "hostname": pod,
+        "subdomain": cluster.name,
+        "restartPolicy": "Always",
+        "containers": [container],
+        "volumes": [volume],
+    });
+    if !spec.node_selector.is_empty() {
+        pod_spec["nodeSelector"] = json!(spec.node_selector);
+    }
+    if let Some(affinity) = &spec.affinity {
+        pod_spec["affinity"] = affinity.clone();
+    }
+    if !spec.tolerations.is_empty() {
+        pod_spec["tolerations"] = json!(spec.tolerations);
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": pod, "labels": cluster.member_labels(pod)},
-        "spec": {
-            "hostname": pod,
-            "subdomain": cluster.name,
-            "restartPolicy": "Always",
-            "containers": [container],
-            "volumes": [volume],
-        },
+        "spec": pod_spec,
     })
 }
 
@@ -375,7 +385,16 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
             .collect();
         pod_spec["initContainers"] = Value::Array(init);
     }
-    for key in ["hostname", "subdomain", "restartPolicy"] {
+    // Scheduling fields cannot change on a running pod either (tolerations only grow):
+    // re-applied as observed, which includes what admission added.
+    for key in [
+        "hostname",
+        "subdomain",
+        "restartPolicy",
+        "nodeSelector",
+        "affinity",
+        "tolerations",
+    ] {
         if let Some(value) = spec.get(key) {
             pod_spec[key] = value.clone();
         }
@@ -858,6 +877,40 @@ mod tests {
             c.snapshot_file("2024-05-01 12:00/x"),
             "ex-2024-05-01-12-00-x.db"
         );
+    }
+
+    #[test]
+    fn scheduling_settings_reach_the_pod_and_survive_an_upgrade() {
+        let c = cluster();
+        let s = EtcdClusterSpec {
+            size: 3,
+            version: "3.6.16".into(),
+            pod: Some(crate::spec::PodPolicy {
+                node_selector: [("disk".to_owned(), "ssd".to_owned())].into(),
+                affinity: Some(json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}})),
+                tolerations: vec![json!({"key": "dedicated", "operator": "Equal", "value": "etcd", "effect": "NoSchedule"})],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .validate()
+        .expect("valid");
+        let pod = member_pod(
+            &c,
+            &s,
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        assert_eq!(pod["spec"]["nodeSelector"], json!({"disk": "ssd"}));
+        assert_eq!(pod["spec"]["tolerations"][0]["key"], "dedicated");
+        assert!(pod["spec"]["affinity"]["podAntiAffinity"].is_object());
+        let upgraded = with_image(&pod, "repo:v3.6.17").expect("etcd container");
+        for key in ["nodeSelector", "affinity", "tolerations"] {
+            assert_eq!(upgraded["spec"][key], pod["spec"][key], "{key}");
+        }
     }
 
     #[test]

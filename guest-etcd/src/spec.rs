@@ -144,6 +144,35 @@ pub struct PodPolicy {
     /// Compute resources of the etcd container (Kubernetes ResourceRequirements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Node labels the member pods must run on (Kubernetes `nodeSelector`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Kubernetes `Affinity` of the member pods, passed as written; e.g. a pod
+    /// anti-affinity on `app.kubernetes.io/instance` spreads members over nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub affinity: Option<serde_json::Value>,
+    /// Kubernetes `Toleration`s of the member pods, passed as written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "any_objects")]
+    pub tolerations: Vec<serde_json::Value>,
+}
+
+/// Schema of a Kubernetes object the plugin passes through unchecked (the API server
+/// validates it when the pod is created).
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Schema of a list of such objects.
+fn any_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+    })
 }
 
 /// Compute resources, as Kubernetes `ResourceRequirements` (limits and requests only).
@@ -335,6 +364,12 @@ pub struct ValidSpec {
     pub image: String,
     /// Compute resources of the etcd container.
     pub resources: Option<ResourceRequirements>,
+    /// `nodeSelector` of the member pods.
+    pub node_selector: BTreeMap<String, String>,
+    /// `affinity` of the member pods.
+    pub affinity: Option<serde_json::Value>,
+    /// `tolerations` of the member pods.
+    pub tolerations: Vec<serde_json::Value>,
     /// Persistent storage, if any.
     pub storage: Option<StorageSpec>,
     /// Snapshots, if any.
@@ -451,6 +486,17 @@ impl EtcdClusterSpec {
             image: format!("{repository}:v{version}"),
             version,
             resources: self.pod.as_ref().and_then(|p| p.resources.clone()),
+            node_selector: self
+                .pod
+                .as_ref()
+                .map(|p| p.node_selector.clone())
+                .unwrap_or_default(),
+            affinity: self.pod.as_ref().and_then(|p| p.affinity.clone()),
+            tolerations: self
+                .pod
+                .as_ref()
+                .map(|p| p.tolerations.clone())
+                .unwrap_or_default(),
             storage: self.storage.clone(),
             backup: self.backup.clone(),
             restore: self.restore.clone(),

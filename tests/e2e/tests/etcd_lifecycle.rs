@@ -789,7 +789,22 @@ async fn rolling_upgrade_one_minor_loses_no_write_and_refuses_two() -> anyhow::R
     let outcome = async {
         let old = etcd_version(fixture.env, "3.5")?;
         let new = etcd_version(fixture.env, "3.6")?;
-        fixture.create_cluster(3, &old).await?;
+        // Scheduling settings ride along: an in-place upgrade must re-apply them unchanged.
+        fixture
+            .create_cluster_with(json!({
+                "size": 3, "version": old,
+                "pod": {
+                    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "etcd", "effect": "NoSchedule"}],
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": NAME}},
+                        },
+                    }]}},
+                },
+            }))
+            .await?;
         fixture.wait_converged(3).await?;
         fixture.put("before-upgrade", "kept").await?;
 
