@@ -631,10 +631,15 @@ async fn prepare_process(
     let runner = &context.runner;
     let pod = &context.pod;
     let mut env = spec::environment(&runner.client, pod, container, context.ip).await?;
-    for (name, value) in spec::image_defaults(image, context.ip) {
-        env.entry(name).or_insert(value);
-    }
     let argv = spec::argv(container, image, &env, context.ip)?;
+    // etcdctl refuses a flag that an environment variable also sets, so the default endpoint
+    // only goes to containers whose command line does not name its own.
+    let names_endpoints = argv.iter().any(|arg| arg.contains("--endpoints"));
+    for (name, value) in spec::image_defaults(image, context.ip) {
+        if !(names_endpoints && name == "ETCDCTL_ENDPOINTS") {
+            env.entry(name).or_insert(value);
+        }
+    }
     let mut mounts = Vec::new();
     // The service-account volume has no token in it here (no kubelet to mint one): mounting it
     // would only create /var/run/secrets/... on the machine, so it is skipped.
