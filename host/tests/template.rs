@@ -1,0 +1,149 @@
+//! The authoring path, end to end: `cargo xtask new-plugin` (its code, included below) turns
+//! `wit/sdk/template` into a new plugin crate outside the workspace, which passes its own
+//! native tests, builds for `wasm32-wasip2`, loads in the sandbox with the description it
+//! declared, decides, and packs with `policy-host pack`.
+//!
+//! The plugin builds with its own target directory (`target/template-test`), so it neither
+//! waits for nor invalidates the workspace's builds; the first run compiles the SDK's
+//! dependencies there (a minute or two), later runs reuse them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use policy_host::app_call::AppCallScope;
+use policy_host::decide::contract::{Action, Observation, Timestamp};
+use policy_host::decide::{Limits, Sandbox};
+use serde_json::json;
+
+#[path = "../../xtask/src/new_plugin.rs"]
+mod new_plugin;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs cargo in `dir` with `args`, failing the test with the command line if it fails.
+fn cargo(dir: &Path, args: &[&str], target_dir: &Path) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .current_dir(dir)
+        .args(args)
+        .arg("--target-dir")
+        .arg(target_dir)
+        // The outer test's cargo settings are not the new plugin's.
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
+    assert!(
+        status.success(),
+        "`cargo {}` in the new plugin {} failed ({status}); its output is above",
+        args.join(" "),
+        dir.display()
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
+    let root = workspace_root();
+    let work = root.join("target/template-test");
+    let dir = work.join("hello-world");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("old generated plugin removable");
+    }
+    new_plugin::new_plugin(&root, "hello-world", &dir).expect("new-plugin writes the crate");
+    let target_dir = work.join("target");
+
+    // Its own native tests (the SDK harness), as the author runs them.
+    cargo(&dir, &["test", "--quiet"], &target_dir);
+    // The component, as the guide builds it.
+    cargo(
+        &dir,
+        &[
+            "build",
+            "--quiet",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "plugin",
+        ],
+        &target_dir,
+    );
+    let wasm = target_dir.join("wasm32-wasip2/plugin/hello_world.wasm");
+    let bytes = std::fs::read(&wasm).unwrap_or_else(|e| panic!("{}: {e}", wasm.display()));
+
+    // Loads in the sandbox and describes itself under its new name.
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = sandbox
+        .load("hello-world.wasm", &bytes, Limits::default())
+        .await
+        .expect("the generated plugin loads");
+    let info = plugin.info();
+    assert_eq!(info.name, "hello-world");
+    assert_eq!(info.target.kind, "HelloWorld");
+    assert_eq!(info.target.group, "hello-world.example.com");
+    assert_eq!(info.target.plural, "helloworlds");
+    let children: Vec<&str> = info.children.iter().map(|k| k.kind.as_str()).collect();
+    assert_eq!(children, ["ConfigMap"]);
+
+    // Decides through the real contract: its ConfigMap, then its status.
+    let observation = Observation {
+        parent: json!({
+            "apiVersion": "hello-world.example.com/v1",
+            "kind": "HelloWorld",
+            "metadata": { "name": "demo", "namespace": "default", "uid": "u-1", "generation": 1 },
+            "spec": { "greeting": "hi" },
+        })
+        .to_string(),
+        children: Vec::new(),
+        now: Timestamp {
+            seconds: 1_700_000_000,
+            nanoseconds: 0,
+        },
+    };
+    let decision = plugin
+        .reconcile(&observation, AppCallScope::none(), "testing")
+        .await
+        .expect("the generated plugin decides");
+    let applied: Vec<serde_json::Value> = decision
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Apply(object) => serde_json::from_str(object).ok(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(applied.len(), 1, "{:?}", decision.actions);
+    assert_eq!(applied[0]["metadata"]["name"], "demo-config");
+    assert_eq!(applied[0]["data"]["greeting"], "hi");
+    assert!(
+        decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::SetStatus(_)))
+    );
+
+    // Packs with the host's own CLI, into a ConfigMap that pins the component's sha256.
+    let packed = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .arg("pack")
+        .arg(&wasm)
+        .output()
+        .expect("policy-host pack runs");
+    assert!(
+        packed.status.success(),
+        "policy-host pack failed: {}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    let config_map: k8s_openapi::api::core::v1::ConfigMap =
+        serde_yaml::from_slice(&packed.stdout).expect("pack writes a ConfigMap");
+    assert_eq!(
+        config_map.metadata.name.as_deref(),
+        Some("plugin-hello-world")
+    );
+    let sha = policy_host::load::pack::sha256_hex(&bytes);
+    let data = config_map.data.unwrap_or_default();
+    assert!(
+        data.values().any(|v| v == &sha),
+        "the pack pins sha256 {sha}: {data:?}"
+    );
+}
