@@ -710,10 +710,24 @@ async fn an_image_change_restarts_the_container_in_place_on_the_new_version() ->
         .map(|c| c.image.clone())
         .unwrap_or_default();
     assert!(image.ends_with(new.as_str()), "status reports {image}");
-    let logs = env.pod_runner().pod_logs(&ns, "versioned");
-    for version in [old, new] {
-        let bare = version.trim_start_matches('v');
-        assert!(logs.contains(bare), "etcd {bare} ran: {logs}");
-    }
+    // Ready comes with the process start (no probe), before `etcd --version` has printed.
+    let runner = env.pod_runner();
+    let logs = wait_for(
+        "both etcd versions in the container's log",
+        Duration::from_secs(30),
+        || async {
+            let logs = runner.pod_logs(&ns, "versioned");
+            [old, new]
+                .iter()
+                .all(|v| logs.contains(v.trim_start_matches('v')))
+                .then_some(logs)
+        },
+    )
+    .await;
+    assert!(
+        logs.is_ok(),
+        "etcd {old} then {new} ran: {}",
+        runner.pod_logs(&ns, "versioned")
+    );
     Ok(())
 }
