@@ -15,7 +15,8 @@
 //! the call itself, and parsing the decision's JSON on the host side.
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host --bench decision`.
-//! `DECISION_BENCH_ITERS` (default 2000) and `DECISION_BENCH_ROUNDS` (default 5) size it.
+//! `DECISION_BENCH_ITERS` (default 2000) and `DECISION_BENCH_ROUNDS` (default 5) size it;
+//! `DECISION_BENCH_MEMBERS` (default `1,5,9`) picks the cluster sizes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -447,8 +448,14 @@ fn main() -> Result<()> {
     }
     let iterations = env_usize("DECISION_BENCH_ITERS", 2000);
     let rounds = env_usize("DECISION_BENCH_ROUNDS", 5);
-    let wasm = policy_host_test_plugins::build("guest-etcd")?;
+    // Another build of the plugin (e.g. another profile) can be compared with
+    // `DECISION_BENCH_WASM=path/to/guest_etcd.wasm`.
+    let wasm = match std::env::var_os("DECISION_BENCH_WASM") {
+        Some(path) => path.into(),
+        None => policy_host_test_plugins::build("guest-etcd")?,
+    };
     let bytes = std::fs::read(&wasm)?;
+    println!("plugin: {} ({} B)", wasm.display(), bytes.len());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -462,7 +469,11 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
     println!(
         "decision cost: {iterations} decisions per variant per round, {rounds} rounds, median of the rounds' percentiles"
     );
-    for members in [1, 5, 9] {
+    let sizes = std::env::var("DECISION_BENCH_MEMBERS").unwrap_or_else(|_| "1,5,9".into());
+    for members in sizes
+        .split(',')
+        .filter_map(|n| n.trim().parse::<usize>().ok())
+    {
         let fixture = Fixture::new(members)?;
         let addr = start_webhook(fixture.etcd.clone())?;
         let url = format!("http://{addr}/reconcile");

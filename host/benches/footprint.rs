@@ -15,6 +15,13 @@ use flate2::write::GzEncoder;
 
 use policy_host::app_call::AppCallScope;
 use policy_host::decide::{Limits, Sandbox};
+use policy_host::load::PluginLoader;
+use policy_host::load::artifact_cache::ArtifactCache;
+use policy_host::load::pack::sha256_hex;
+
+/// Set in the child process that loads the plugin from the artifact cache, as a restarted
+/// host does: its RSS has no compiler residue.
+const CACHED_CHILD: &str = "FOOTPRINT_CACHED_CHILD";
 
 /// A line of `/proc/self/status`, in KiB.
 fn status_kib(field: &str) -> Option<u64> {
@@ -24,6 +31,9 @@ fn status_kib(field: &str) -> Option<u64> {
 }
 
 fn main() -> Result<()> {
+    if let Some(dir) = std::env::var_os(CACHED_CHILD) {
+        return cached_child(dir.into());
+    }
     let rss_at_start = status_kib("VmRSS:");
     let wasm = policy_host_test_plugins::build("guest-etcd")?;
     let bytes = std::fs::read(&wasm)?;
@@ -60,30 +70,89 @@ fn main() -> Result<()> {
     runtime.block_on(async {
         let sandbox = Sandbox::new()?;
         let rss_engine = status_kib("VmRSS:");
-        let plugin = sandbox
-            .load("guest-etcd", &bytes, Limits::default())
+        let cache_dir =
+            std::env::temp_dir().join(format!("footprint-cache-{}", std::process::id()));
+        let loader = PluginLoader::new(sandbox, Some(ArtifactCache::new(&cache_dir)));
+        let (plugin, _) = loader
+            .load("guest-etcd", &bytes, &sha256_hex(&bytes), Limits::default())
             .await
             .context("loading guest-etcd")?;
         let rss_loaded = status_kib("VmRSS:");
         // One decision (on an empty observation the plugin refuses, which still instantiates it).
-        let observation = policy_host::decide::contract::Observation {
-            parent: r#"{"apiVersion":"etcd.database.coreos.com/v1beta2","kind":"EtcdCluster","metadata":{"name":"ex","namespace":"ns"},"spec":{"size":1}}"#.into(),
-            children: Vec::new(),
-            now: policy_host::decide::contract::Timestamp { seconds: 1_764_000_000, nanoseconds: 0 },
-        };
         let _ = plugin
-            .reconcile(&observation, AppCallScope::none(), "measuring")
+            .reconcile(&sample_observation(), AppCallScope::none(), "measuring")
             .await;
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let rss_idle = status_kib("VmRSS:");
-        let show = |v: Option<u64>| v.map_or("?".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
-        println!("RSS at start (before gzip and the build check): {}", show(rss_at_start));
+        println!(
+            "RSS at start (before gzip and the build check): {}",
+            show(rss_at_start)
+        );
         println!("RSS with a tokio runtime: {}", show(rss_before_engine));
-        println!("RSS with the engine (pooling allocator, epoch ticker, linker): {}", show(rss_engine));
-        println!("RSS with guest-etcd compiled and pre-instantiated: {}", show(rss_loaded));
-        println!("RSS idle after one decision: {}  (VmHWM {})", show(rss_idle), show(status_kib("VmHWM:")));
-        println!("virtual size (pooling reservations): {}", show(status_kib("VmSize:")));
+        println!(
+            "RSS with the engine (pooling allocator, epoch ticker, linker): {}",
+            show(rss_engine)
+        );
+        println!(
+            "RSS with guest-etcd compiled (Cranelift, in-process) and pre-instantiated: {}",
+            show(rss_loaded)
+        );
+        println!(
+            "RSS idle after one decision: {}  (VmHWM {})",
+            show(rss_idle),
+            show(status_kib("VmHWM:"))
+        );
+        println!(
+            "virtual size (pooling reservations): {}",
+            show(status_kib("VmSize:"))
+        );
         drop(plugin);
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .env(CACHED_CHILD, &cache_dir)
+            .env("FOOTPRINT_WASM", &wasm)
+            .output()?;
+        print!("{}", String::from_utf8_lossy(&child.stdout));
+        let _ = std::fs::remove_dir_all(&cache_dir);
         anyhow::Ok(())
     })
+}
+
+/// A fresh process: engine, then guest-etcd from the artifact cache the parent filled, one
+/// decision, idle.
+fn cached_child(cache_dir: std::path::PathBuf) -> Result<()> {
+    let wasm = std::env::var_os("FOOTPRINT_WASM").context("FOOTPRINT_WASM")?;
+    let bytes = std::fs::read(wasm)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let loader = PluginLoader::new(Sandbox::new()?, Some(ArtifactCache::new(&cache_dir)));
+        let started = std::time::Instant::now();
+        let (plugin, outcome) = loader
+            .load("guest-etcd", &bytes, &sha256_hex(&bytes), Limits::default())
+            .await?;
+        let took = started.elapsed();
+        let _ = plugin
+            .reconcile(&sample_observation(), AppCallScope::none(), "measuring")
+            .await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        println!(
+            "fresh process, guest-etcd from the artifact cache ({outcome:?}, load {took:?}): RSS idle after one decision {}",
+            show(status_kib("VmRSS:"))
+        );
+        anyhow::Ok(())
+    })
+}
+
+fn show(kib: Option<u64>) -> String {
+    kib.map_or("?".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
+}
+
+fn sample_observation() -> policy_host::decide::contract::Observation {
+    policy_host::decide::contract::Observation {
+        parent: r#"{"apiVersion":"etcd.database.coreos.com/v1beta2","kind":"EtcdCluster","metadata":{"name":"ex","namespace":"ns"},"spec":{"size":1}}"#.into(),
+        children: Vec::new(),
+        now: policy_host::decide::contract::Timestamp { seconds: 1_764_000_000, nanoseconds: 0 },
+    }
 }
