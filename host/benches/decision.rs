@@ -415,6 +415,18 @@ where
     Ok(Samples(times))
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10).
+fn minor_faults() -> i64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // The command name may contain spaces: count fields after its closing paren.
+            let rest = stat.rsplit_once(')')?.1.to_owned();
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
@@ -588,6 +600,27 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
             }
         }
 
+        // Page faults explain the extra cost of a fresh instance's first call: its heap is
+        // new memory (the pool resets a slot with madvise when an instance is dropped).
+        let faults = |n: usize| {
+            let plugin = &plugin;
+            let (observation, script) = (&host_observation, &script);
+            async move {
+                let before = minor_faults();
+                for _ in 0..n {
+                    let scope = AppCallScope::scripted("ns/ex".into(), script.clone());
+                    plugin.reconcile(observation, scope, "benchmarking").await?;
+                }
+                anyhow::Ok((minor_faults() - before) as f64 / n as f64)
+            }
+        };
+        let fresh_faults = faults(500).await?;
+        let before = minor_faults();
+        for _ in 0..500 {
+            reused.reconcile(&host_observation, "benchmarking").await?;
+        }
+        let reused_faults = (minor_faults() - before) as f64 / 500.0;
+
         script.clear_calls();
         plugin
             .reconcile(
@@ -623,6 +656,9 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
         for name in PARTS {
             println!("| {name} | {:.1} |", median(parts[name].clone()));
         }
+        println!(
+            "minor page faults per decision: wasm fresh {fresh_faults:.1}, wasm reused {reused_faults:.1}"
+        );
         let _ = fixture.members;
     }
     Ok(())
