@@ -586,7 +586,8 @@ impl<'a> Step<'a> {
 
     /// Takes a snapshot when `spec.backup.trigger` names one not taken yet: a Pod runs
     /// `etcdctl snapshot save` from the member that answered into the backup claim; once it
-    /// has finished, its result goes to `status.backup` and the Pod is deleted.
+    /// has finished, its result goes to `status.backup`, and once that status is observed the
+    /// Pod is deleted.
     fn backup(&mut self, contact: &str) {
         let Some(backup) = &self.spec.backup else {
             return;
@@ -646,7 +647,9 @@ impl<'a> Step<'a> {
                         ),
                     );
                 }
-                delete(self, pod);
+                // The Pod goes only once the parent's status records this trigger (the `done`
+                // arm above): deleting it now, when the status write may not be observed yet by
+                // the next reconcile, would make that reconcile take the snapshot again.
             }
             Some(_) => self.backup_running = true,
             None if done => {}

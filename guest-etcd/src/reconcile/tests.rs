@@ -1334,7 +1334,7 @@ fn rows() -> Vec<Row> {
             },
         },
         Row {
-            name: "a finished snapshot is recorded in status and its pod deleted",
+            name: "a finished snapshot is recorded in status, its pod kept until that status is observed",
             observation: observation(
                 with_backup(3, "t1"),
                 Some(recorded(&["ex-0", "ex-1", "ex-2"])),
@@ -1348,7 +1348,7 @@ fn rows() -> Vec<Row> {
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
             changes: &[],
             applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &["Pod/ex-backup"],
+            deleted: &[],
             events: &["Normal/BackupSucceeded"],
             phase: "Running",
             requeue: Some(30_000),
@@ -1360,7 +1360,7 @@ fn rows() -> Vec<Row> {
             },
         },
         Row {
-            name: "a failed snapshot is recorded as failed, keeping the last good one",
+            name: "a failed snapshot is recorded as failed, keeping the last good one, pod kept until observed",
             observation: observation(
                 with_backup(3, "t2"),
                 Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
@@ -1374,7 +1374,7 @@ fn rows() -> Vec<Row> {
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
             changes: &[],
             applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &["Pod/ex-backup"],
+            deleted: &[],
             events: &["Warning/BackupFailed"],
             phase: "Running",
             requeue: Some(30_000),
@@ -1383,6 +1383,27 @@ fn rows() -> Vec<Row> {
                 assert_eq!(status["backup"]["phase"], "Failed", "{status}");
                 assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db");
             },
+        },
+        Row {
+            name: "the finished pod of a snapshot the status records is deleted, not run again",
+            observation: observation(
+                with_backup(3, "t1"),
+                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-2"),
+                    backup_pod_child("t1", "Succeeded"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &["PersistentVolumeClaim/backup-ex"],
+            deleted: &["Pod/ex-backup"],
+            events: &[],
+            phase: "Running",
+            requeue: Some(30_000),
+            check: no_check,
         },
         Row {
             name: "a snapshot already recorded is not taken again, and a backup pod is never a member",
