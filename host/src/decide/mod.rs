@@ -411,9 +411,7 @@ impl Plugin {
                 },
             )
             .await?;
-        let decision = self.refused(outcome, doing)?;
-        self.check_output(decision.actions.iter().map(|a| a.output_len()).sum(), doing)?;
-        Ok(decision)
+        self.accept(outcome, doing, |d: &Decision| &d.actions)
     }
 
     /// Decides cleanup for a parent being deleted.
@@ -440,9 +438,7 @@ impl Plugin {
                 },
             )
             .await?;
-        let decision = self.refused(outcome, doing)?;
-        self.check_output(decision.actions.iter().map(|a| a.output_len()).sum(), doing)?;
-        Ok(decision)
+        self.accept(outcome, doing, |d: &FinalizeDecision| &d.actions)
     }
 
     /// Instantiates the plugin once, to call [`ReusedInstance::reconcile`] on it repeatedly.
@@ -467,6 +463,22 @@ impl Plugin {
             store,
             instance,
         })
+    }
+
+    /// A plugin's answer becomes a decision only if it is not a refusal and its actions fit
+    /// the output limit.
+    fn accept<T>(
+        &self,
+        outcome: Result<T, contract::PolicyError>,
+        doing: &str,
+        actions: impl Fn(&T) -> &[contract::Action],
+    ) -> Result<T, DecideError> {
+        let decision = self.refused(outcome, doing)?;
+        self.check_output(
+            actions(&decision).iter().map(|a| a.output_len()).sum(),
+            doing,
+        )?;
+        Ok(decision)
     }
 
     fn refused<T>(
