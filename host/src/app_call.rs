@@ -70,15 +70,23 @@ impl PodEndpoint {
 /// One pod's scripted answers, by path.
 type ScriptedPaths = HashMap<String, Result<Response, CallError>>;
 
-/// Canned answers to app-calls, by pod and path, and a record of the calls a plugin made:
-/// the world of a plugin run without a network (benchmarks, and later `simulate` and shadow
-/// mode, where a plugin must decide without touching the real application).
+/// Canned answers to app-calls, and a record of the calls a plugin made: the world of a plugin
+/// run without a network (benchmarks, `policy-host simulate`, and shadow mode, where a candidate
+/// plugin must decide without touching the real application).
 ///
-/// Clones share the record, so a caller keeps one clone to read what the plugin asked.
+/// Two kinds of answer: by pod and path (a hand-written script: method and body are recorded,
+/// not matched), and by whole request (the replay of an [`AppCallRecorder`]: only the very
+/// request the recorded run made gets its answer). Clones share the record, so a caller keeps
+/// one clone to read what the plugin asked.
 #[derive(Clone, Debug, Default)]
 pub struct AppCallScript {
     /// pod → path → answer.
     answers: Arc<HashMap<String, ScriptedPaths>>,
+    /// Whole requests and their answers, in the order they were recorded.
+    replies: Arc<Vec<(Request, Result<Response, CallError>)>>,
+    /// Which `replies` were answered already: a request made twice gets the second answer the
+    /// second time (a plugin polling until something changes sees the change).
+    used: Arc<Mutex<Vec<bool>>>,
     calls: Arc<Mutex<Vec<Request>>>,
 }
 
@@ -93,7 +101,17 @@ impl AppCallScript {
         }
         Self {
             answers: Arc::new(answers),
-            calls: Arc::default(),
+            ..Self::default()
+        }
+    }
+
+    /// A script that answers exactly the requests in `replies` (pod, port, method, path and
+    /// body must all match), each with its recorded answer.
+    pub fn replaying(replies: Vec<(Request, Result<Response, CallError>)>) -> Self {
+        Self {
+            used: Arc::new(Mutex::new(vec![false; replies.len()])),
+            replies: Arc::new(replies),
+            ..Self::default()
         }
     }
 
@@ -109,25 +127,89 @@ impl AppCallScript {
         }
     }
 
-    /// Answers one request (method and body are recorded, not matched): a pod or path the
-    /// script does not know is unreachable, as an absent pod would be.
+    /// Answers one request: first from the replies (the first unused equal request, else the
+    /// last equal one), then by pod and path. Anything else is unreachable, as an absent pod
+    /// would be.
     fn answer(&self, request: Request) -> Result<Response, CallError> {
-        let answer = self
-            .answers
-            .get(&request.pod)
-            .and_then(|paths| paths.get(&request.path))
-            .cloned()
-            .unwrap_or_else(|| {
-                Err(CallError::Unreachable(format!(
+        let answer = self.replay(&request).or_else(|| {
+            self.answers
+                .get(&request.pod)
+                .and_then(|paths| paths.get(&request.path))
+                .cloned()
+        });
+        let answer = answer.unwrap_or_else(|| {
+            Err(CallError::Unreachable(if self.replies.is_empty() {
+                format!(
                     "no scripted answer for pod `{}` path `{}`",
                     request.pod, request.path
-                )))
-            });
+                )
+            } else {
+                format!(
+                    "the recorded run made no {:?} {} to pod `{}` port `{}` with this body; a replay cannot reach the application",
+                    request.method, request.path, request.pod, request.port
+                )
+            }))
+        });
         // Never held across an await: a plain mutex is right here.
         if let Ok(mut calls) = self.calls.lock() {
             calls.push(request);
         }
         answer
+    }
+
+    fn replay(&self, request: &Request) -> Option<Result<Response, CallError>> {
+        let equal: Vec<usize> = self
+            .replies
+            .iter()
+            .enumerate()
+            .filter(|(_, (recorded, _))| recorded == request)
+            .map(|(index, _)| index)
+            .collect();
+        let last = *equal.last()?;
+        let mut used = self.used.lock().ok()?;
+        let index = equal
+            .into_iter()
+            .find(|&i| used.get(i).is_some_and(|u| !u))
+            .unwrap_or(last);
+        if let Some(flag) = used.get_mut(index) {
+            *flag = true;
+        }
+        self.replies.get(index).map(|(_, answer)| answer.clone())
+    }
+}
+
+/// The calls a live scope made and the answers they got, in order, so a second plugin can be
+/// shown the same application without reaching it ([`AppCallRecorder::replay`]): shadow mode
+/// runs the candidate on the active plugin's recorded answers. Clones share the record.
+#[derive(Clone, Debug, Default)]
+pub struct AppCallRecorder {
+    exchanges: Arc<Mutex<Vec<(Request, Result<Response, CallError>)>>>,
+}
+
+impl AppCallRecorder {
+    /// An empty record.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The requests made so far, in order.
+    pub fn calls(&self) -> Vec<Request> {
+        self.exchanges
+            .lock()
+            .map(|e| e.iter().map(|(request, _)| request.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A script that answers the recorded requests with the recorded answers, and nothing else.
+    pub fn replay(&self) -> AppCallScript {
+        AppCallScript::replaying(self.exchanges.lock().map(|e| e.clone()).unwrap_or_default())
+    }
+
+    fn record(&self, request: Request, answer: &Result<Response, CallError>) {
+        // Never held across an await: a plain mutex is right here.
+        if let Ok(mut exchanges) = self.exchanges.lock() {
+            exchanges.push((request, answer.clone()));
+        }
     }
 }
 
@@ -139,6 +221,7 @@ pub struct AppCallScope {
     granted_ports: Vec<String>,
     client: Option<reqwest::Client>,
     script: Option<AppCallScript>,
+    recorder: Option<AppCallRecorder>,
 }
 
 impl AppCallScope {
@@ -160,7 +243,15 @@ impl AppCallScope {
             granted_ports,
             client: Some(client),
             script: None,
+            recorder: None,
         }
+    }
+
+    /// The same scope, with every call and its answer (refusals included) written to
+    /// `recorder`.
+    pub fn recorded_by(mut self, recorder: AppCallRecorder) -> Self {
+        self.recorder = Some(recorder);
+        self
     }
 
     /// A scope with no network: every call is answered from `script` (and recorded there).
@@ -179,7 +270,7 @@ impl AppCallScope {
         &self.parent
     }
 
-    /// Checks the request against the scope, then sends it.
+    /// Checks the request against the scope, then sends it (or answers it from the script).
     pub async fn call(
         &self,
         plugin: &str,
@@ -189,6 +280,20 @@ impl AppCallScope {
         if let Some(script) = &self.script {
             return script.answer(request);
         }
+        let Some(recorder) = &self.recorder else {
+            return self.call_live(plugin, request, body_limit).await;
+        };
+        let answer = self.call_live(plugin, request.clone(), body_limit).await;
+        recorder.record(request, &answer);
+        answer
+    }
+
+    async fn call_live(
+        &self,
+        plugin: &str,
+        request: Request,
+        body_limit: usize,
+    ) -> Result<Response, CallError> {
         let url = self.authorize(&request).inspect_err(|error| {
             tracing::warn!(
                 plugin,
@@ -340,6 +445,47 @@ mod tests {
         );
         let calls: Vec<String> = script.calls().into_iter().map(|r| r.pod).collect();
         assert_eq!(calls, ["db-0", "db-1"]);
+    }
+
+    #[tokio::test]
+    async fn a_recorded_run_replays_exactly_its_own_requests_in_order() {
+        let recorder = AppCallRecorder::new();
+        let live = scope().recorded_by(recorder.clone());
+        // Refused before any network: the refusal is recorded like an answer.
+        let refused = live
+            .call("p", request("other-0", "client", "/health"), 1024)
+            .await;
+        assert!(matches!(refused, Err(CallError::Refused(_))), "{refused:?}");
+        assert_eq!(recorder.calls(), [request("other-0", "client", "/health")]);
+
+        let answered = |status| {
+            Ok(Response {
+                status,
+                body: String::new(),
+            })
+        };
+        let polled = request("db-0", "client", "/health");
+        let script = AppCallScript::replaying(vec![
+            (polled.clone(), answered(503)),
+            (polled.clone(), answered(200)),
+        ]);
+        let replay = AppCallScope::scripted("ns/db".into(), script.clone());
+        let statuses = [
+            replay.call("p", polled.clone(), 1024).await,
+            replay.call("p", polled.clone(), 1024).await,
+            replay.call("p", polled.clone(), 1024).await,
+        ]
+        .map(|answer| answer.map(|r| r.status));
+        assert_eq!(statuses, [Ok(503), Ok(200), Ok(200)]);
+
+        let mut other_body = polled.clone();
+        other_body.body = Some("{}".into());
+        let unrecorded = replay.call("p", other_body, 1024).await;
+        assert!(
+            matches!(&unrecorded, Err(CallError::Unreachable(m)) if m.contains("recorded run made no")),
+            "{unrecorded:?}"
+        );
+        assert_eq!(script.calls().len(), 4);
     }
 
     #[test]
