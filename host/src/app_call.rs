@@ -67,6 +67,9 @@ impl PodEndpoint {
     }
 }
 
+/// A request and the answer it got.
+pub type Exchange = (Request, Result<Response, CallError>);
+
 /// One pod's scripted answers, by path.
 type ScriptedPaths = HashMap<String, Result<Response, CallError>>;
 
@@ -83,7 +86,7 @@ pub struct AppCallScript {
     /// pod → path → answer.
     answers: Arc<HashMap<String, ScriptedPaths>>,
     /// Whole requests and their answers, in the order they were recorded.
-    replies: Arc<Vec<(Request, Result<Response, CallError>)>>,
+    replies: Arc<Vec<Exchange>>,
     /// Which `replies` were answered already: a request made twice gets the second answer the
     /// second time (a plugin polling until something changes sees the change).
     used: Arc<Mutex<Vec<bool>>>,
@@ -107,7 +110,7 @@ impl AppCallScript {
 
     /// A script that answers exactly the requests in `replies` (pod, port, method, path and
     /// body must all match), each with its recorded answer.
-    pub fn replaying(replies: Vec<(Request, Result<Response, CallError>)>) -> Self {
+    pub fn replaying(replies: Vec<Exchange>) -> Self {
         Self {
             used: Arc::new(Mutex::new(vec![false; replies.len()])),
             replies: Arc::new(replies),
@@ -183,7 +186,7 @@ impl AppCallScript {
 /// runs the candidate on the active plugin's recorded answers. Clones share the record.
 #[derive(Clone, Debug, Default)]
 pub struct AppCallRecorder {
-    exchanges: Arc<Mutex<Vec<(Request, Result<Response, CallError>)>>>,
+    exchanges: Arc<Mutex<Vec<Exchange>>>,
 }
 
 impl AppCallRecorder {
