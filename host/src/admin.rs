@@ -3,7 +3,7 @@
 //! `/plugins` lists the loaded plugins as JSON, one object per plugin:
 //! `name`, `version`, `sha256` (of the component), `target` (`plural.group/version`),
 //! `children`, `source` (`file <path>` or `configmap <namespace>/<name>`), `since` (RFC 3339,
-//! when this version was loaded), `grants.appCall`, `limits` and `concurrency`.
+//! when this version was loaded), `grants.appCall`, `grants.exchange`, `limits` and `concurrency`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -112,7 +112,10 @@ pub fn describe(policy: &LoadedPolicy) -> serde_json::Value {
         "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         "source": policy.source,
         "since": since,
-        "grants": { "appCall": policy.grants.app_call_ports },
+        "grants": {
+            "appCall": policy.grants.app_call_ports,
+            "exchange": policy.grants.exchange_ports,
+        },
         "limits": {
             "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
             "memoryMiB": limits.memory_bytes >> 20,

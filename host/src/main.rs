@@ -75,9 +75,12 @@ enum Command {
         /// ConfigMap namespace (default: none, use `kubectl apply -n`).
         #[arg(long)]
         namespace: Option<String>,
-        /// Grant app-calls to this port of the plugin's own pods; repeat for several.
-        #[arg(long = "grant")]
+        /// Grant app-calls (HTTP) to this port of the plugin's own pods; repeat for several.
+        #[arg(long = "grant", value_name = "PORT")]
         grants: Vec<String>,
+        /// Grant TCP exchanges with this port of the plugin's own pods; repeat for several.
+        #[arg(long = "grant-exchange", value_name = "PORT")]
+        exchange_grants: Vec<String>,
         /// Grant every capability the plugin asks for.
         #[arg(long)]
         grant_requested: bool,
@@ -209,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
             name,
             namespace,
             grants,
+            exchange_grants,
             grant_requested,
             shadow,
             limits,
@@ -216,7 +220,10 @@ async fn main() -> anyhow::Result<()> {
             let request = plugin_cli::PackRequest {
                 name,
                 namespace,
-                grants,
+                grants: policy_host::policy_store::Grants {
+                    app_call_ports: grants,
+                    exchange_ports: exchange_grants,
+                },
                 grant_requested,
                 limits: limits.spec(),
                 shadow,

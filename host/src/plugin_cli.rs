@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use crate::decide::contract::{CONTRACT_VERSION, Capability};
+use crate::decide::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Sandbox};
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
+use crate::policy_store::{Grants, capability_text};
 
 /// Largest ConfigMap the API server stores (etcd's default request limit).
 pub const CONFIG_MAP_LIMIT: usize = 1 << 20;
@@ -67,9 +68,7 @@ pub async fn validate(
         "sha256": sha256,
         "target": info.target.to_string(),
         "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
-        "capabilities": info.capabilities.iter().map(|c| match c {
-            Capability::AppCall(port) => format!("app-call({port})"),
-        }).collect::<Vec<_>>(),
+        "capabilities": info.capabilities.iter().map(capability_text).collect::<Vec<_>>(),
         "wantsFinalizer": info.wants_finalizer,
         "describedWithin": {
             "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
@@ -90,8 +89,8 @@ pub struct PackRequest {
     pub name: Option<String>,
     /// ConfigMap namespace.
     pub namespace: Option<String>,
-    /// Ports granted for app-calls.
-    pub grants: Vec<String>,
+    /// What the admin grants.
+    pub grants: Grants,
     /// Grant every capability the plugin asks for (added to `grants`).
     pub grant_requested: bool,
     /// Limits to write.
@@ -120,10 +119,8 @@ pub async fn pack(
         .await?;
     let mut grants = request.grants.clone();
     if request.grant_requested {
-        for Capability::AppCall(port) in &plugin.info().capabilities {
-            if !grants.contains(port) {
-                grants.push(port.clone());
-            }
+        for capability in &plugin.info().capabilities {
+            grants.grant(capability);
         }
     }
     let options = PackOptions {

@@ -205,11 +205,11 @@ impl ConfigMapSource {
                     None => (
                         "Loaded",
                         format!(
-                            "loaded {} (sha256 {}) for {}, granted app-calls to {:?}",
+                            "loaded {} (sha256 {}) for {}, granted {:?}",
                             plugin.label(),
                             short(plugin.content_sha256()),
                             info.target,
-                            loaded.grants.app_call_ports
+                            loaded.grants.describe()
                         ),
                     ),
                 };
@@ -218,7 +218,7 @@ impl ConfigMapSource {
                     plugin = plugin.label(),
                     sha256 = plugin.content_sha256(),
                     target = %info.target,
-                    grants = ?loaded.grants.app_call_ports,
+                    grants = ?loaded.grants.describe(),
                     limits = ?plugin.limits(),
                     replaced = ?replaced,
                     "plugin {}", outcome.to_lowercase()

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one |
 //! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
-//! | `grants` | `data`, optional | YAML, e.g. `appCall: [client]`: ports of its own pods the plugin may app-call; absent means none |
+//! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis]}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with; absent means none |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
 //! | `mode` | `data`, optional | `active` (default) or `shadow` |
 //!
@@ -82,9 +82,12 @@ pub struct LimitsSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GrantsSpec {
-    /// Ports (names or numbers) of its own pods the plugin may app-call.
-    #[serde(default)]
+    /// Ports (names or numbers) of its own pods the plugin may app-call (HTTP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub app_call: Vec<String>,
+    /// Ports (names or numbers) of its own pods the plugin may hold TCP exchanges with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exchange: Vec<String>,
 }
 
 /// The defaults a pack's limits start from (the host's command-line limits).
@@ -303,6 +306,7 @@ impl PluginPack {
             sha256,
             grants: Grants {
                 app_call_ports: grants.app_call,
+                exchange_ports: grants.exchange,
             },
             limits,
             concurrency,
@@ -384,8 +388,8 @@ pub struct PackOptions {
     pub name: String,
     /// Its namespace (`None`: left to `kubectl apply -n`).
     pub namespace: Option<String>,
-    /// Ports granted for app-calls.
-    pub grants: Vec<String>,
+    /// What the admin grants.
+    pub grants: Grants,
     /// Limits to write (absent fields keep the host's defaults).
     pub limits: LimitsSpec,
     /// Active or shadow.
@@ -401,7 +405,8 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
     data.insert(SHA256_KEY.to_string(), sha256_hex(component));
     if !options.grants.is_empty() {
         let grants = GrantsSpec {
-            app_call: options.grants.clone(),
+            app_call: options.grants.app_call_ports.clone(),
+            exchange: options.grants.exchange_ports.clone(),
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
     }
@@ -454,7 +459,10 @@ mod tests {
         let options = PackOptions {
             name: "probe".into(),
             namespace: Some("plugins".into()),
-            grants: vec!["client".into()],
+            grants: Grants {
+                app_call_ports: vec!["client".into()],
+                exchange_ports: Vec::new(),
+            },
             limits: LimitsSpec {
                 deadline_ms: Some(2500),
                 concurrency: Some(2),
