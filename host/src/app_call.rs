@@ -221,7 +221,7 @@ impl AppCallRecorder {
 pub struct AppCallScope {
     parent: String,
     pods: HashMap<String, PodEndpoint>,
-    granted_ports: Vec<String>,
+    grants: Grants,
     client: Option<reqwest::Client>,
     script: Option<AppCallScript>,
     recorder: Option<AppCallRecorder>,
@@ -233,17 +233,17 @@ impl AppCallScope {
         Self::default()
     }
 
-    /// A scope for one parent: its Pods and the ports granted to the plugin.
+    /// A scope for one parent: its Pods and what the admin granted the plugin.
     pub fn new(
         parent: String,
         pods: HashMap<String, PodEndpoint>,
-        granted_ports: Vec<String>,
+        grants: Grants,
         client: reqwest::Client,
     ) -> Self {
         Self {
             parent,
             pods,
-            granted_ports,
+            grants,
             client: Some(client),
             script: None,
             recorder: None,
@@ -352,44 +352,77 @@ impl AppCallScope {
 
     /// Resolves the request to a URL, or says why it is refused.
     fn authorize(&self, request: &Request) -> Result<String, CallError> {
-        let pod = self.pods.get(&request.pod).ok_or_else(|| {
-            CallError::Refused(format!(
-                "pod `{}` is not controlled by {}; a plugin may only call its own pods",
-                request.pod, self.parent
-            ))
-        })?;
-        let port = pod.resolve(&request.port).ok_or_else(|| {
-            CallError::Refused(format!(
-                "pod `{}` has no port `{}`",
-                request.pod, request.port
-            ))
-        })?;
-        let granted = self
-            .granted_ports
-            .iter()
-            .any(|g| pod.resolve(g) == Some(port));
-        if !granted {
-            return Err(CallError::Refused(format!(
-                "port `{}` is not granted to this plugin (granted: {:?})",
-                request.port, self.granted_ports
-            )));
-        }
+        let (host, port) = self.authorize_endpoint(&request.pod, &request.port)?;
         if !request.path.starts_with('/') {
             return Err(CallError::Refused(format!(
                 "path `{}` must start with `/`",
                 request.path
             )));
         }
-        let ip = pod.ip.as_ref().ok_or_else(|| {
-            CallError::Unreachable(format!("pod `{}` has no IP yet", request.pod))
+        Ok(format!("http://{host}:{port}{}", request.path))
+    }
+
+    /// Resolves a granted port of a Pod the parent controls to `host` (an IP, bracketed if
+    /// v6) and port number, or says why it is refused: the one check shared by app-calls and
+    /// exchanges ([`crate::app_exchange`]).
+    pub(crate) fn authorize_endpoint(
+        &self,
+        pod_name: &str,
+        port_name: &str,
+    ) -> Result<(String, u16), CallError> {
+        let pod = self.pods.get(pod_name).ok_or_else(|| {
+            CallError::Refused(format!(
+                "pod `{pod_name}` is not controlled by {}; a plugin may only call its own pods",
+                self.parent
+            ))
         })?;
+        let port = pod.resolve(port_name).ok_or_else(|| {
+            CallError::Refused(format!("pod `{pod_name}` has no port `{port_name}`"))
+        })?;
+        let granted = self
+            .grants
+            .app_call_ports
+            .iter()
+            .any(|g| pod.resolve(g) == Some(port));
+        if !granted {
+            return Err(CallError::Refused(format!(
+                "port `{port_name}` is not granted to this plugin (granted: {:?})",
+                self.granted_ports
+            )));
+        }
+        let ip = pod
+            .ip
+            .as_ref()
+            .ok_or_else(|| CallError::Unreachable(format!("pod `{pod_name}` has no IP yet")))?;
         let host = if ip.contains(':') {
             format!("[{ip}]")
         } else {
             ip.clone()
         };
-        Ok(format!("http://{host}:{port}{}", request.path))
+        Ok((host, port))
     }
+
+    /// How exchanges of this scope are carried: from the script, over the network (recorded
+    /// or not), or not at all (the scope of `describe`).
+    pub(crate) fn exchange_route(&self) -> ExchangeRoute<'_> {
+        if let Some(script) = &self.script {
+            ExchangeRoute::Scripted(script)
+        } else if self.client.is_some() {
+            ExchangeRoute::Live(self.recorder.as_ref())
+        } else {
+            ExchangeRoute::Refused
+        }
+    }
+}
+
+/// Where a scope's exchanges go (see [`AppCallScope::exchange_route`]).
+pub(crate) enum ExchangeRoute<'a> {
+    /// Answered by the script, no network.
+    Scripted(&'a AppCallScript),
+    /// Over TCP, each round written to the recorder if there is one.
+    Live(Option<&'a AppCallRecorder>),
+    /// No exchanges in this scope.
+    Refused,
 }
 
 #[cfg(test)]
