@@ -227,7 +227,7 @@ async fn reconcile(
     let scope = AppCallScope::new(
         label.clone(),
         observed.pods.clone(),
-        loaded.grants.app_call_ports.clone(),
+        loaded.grants.clone(),
         ctx.http.clone(),
     );
     let started = Instant::now();

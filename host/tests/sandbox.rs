@@ -189,7 +189,10 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
     let scope = AppCallScope::new(
         "default/probe".into(),
         pods,
-        vec!["http".into()],
+        policy_host::policy_store::Grants {
+            app_call_ports: vec!["http".into()],
+            ..Default::default()
+        },
         policy_host::app_call::http_client(),
     );
     let decision = plugin
