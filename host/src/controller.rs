@@ -18,12 +18,13 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
-use crate::app_call::AppCallScope;
+use crate::app_call::{AppCallRecorder, AppCallScope};
 use crate::decide::DecideError;
-use crate::decide::contract::{Event, EventType};
+use crate::decide::contract::{Event, EventType, Observation};
 use crate::metrics::Metrics;
 use crate::observe::{ChildCache, observe};
-use crate::policy_store::PolicyStore;
+use crate::policy_store::{LoadedPolicy, PolicyStore};
+use crate::shadow::{self, ComparableDecision, Comparison};
 
 /// Reconcile again after this long when a plugin asks for nothing sooner.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
@@ -251,9 +252,26 @@ async fn reconcile(
         ));
     }
 
+    // A shadow of this kind decides on the same observation, with this run's app-call answers.
+    let shadow = ctx.store.shadow_for(&plugin.info().target);
+    let recorder = shadow.as_ref().map(|_| AppCallRecorder::new());
+    let scope = match &recorder {
+        Some(recorder) => scope.recorded_by(recorder.clone()),
+        None => scope,
+    };
     let doing = format!("reconciling {label}");
     let decision = plugin.reconcile(&observed.observation, scope, &doing).await;
     ctx.metrics.decision_took(&ctx.policy, started.elapsed());
+    if let (Some(candidate), Some(recorder)) = (shadow, recorder) {
+        ctx.shadow(
+            &parent,
+            plugin.label(),
+            candidate,
+            observed.observation.clone(),
+            ComparableDecision::of(&decision),
+            recorder,
+        );
+    }
     let decision = decision?;
     tracing::debug!(
         parent = %label,
@@ -318,6 +336,61 @@ fn error_policy(
 }
 
 impl PolicyController {
+    /// Runs the shadow candidate off the reconcile's path (it never delays the active
+    /// decision) and reports how it compares: a metric always, a log line and an Event on the
+    /// parent when it differs.
+    fn shadow(
+        &self,
+        parent: &Arc<DynamicObject>,
+        active: &str,
+        candidate: Arc<LoadedPolicy>,
+        observation: Observation,
+        active_decision: ComparableDecision,
+        recording: AppCallRecorder,
+    ) {
+        let parent = parent.clone();
+        let active = active.to_string();
+        let executor = self.executor.clone();
+        let metrics = self.metrics.clone();
+        let policy = self.policy.clone();
+        tokio::spawn(async move {
+            let label = format!(
+                "{}/{}",
+                parent.namespace().unwrap_or_default(),
+                parent.name_any()
+            );
+            let comparison = shadow::run_candidate(
+                &candidate.plugin,
+                &observation,
+                label.clone(),
+                &active_decision,
+                &recording,
+            )
+            .await;
+            let shadow_label = candidate.plugin.label();
+            match comparison {
+                Comparison::Same => {
+                    metrics.shadow_compared(&policy, shadow_label, "same");
+                    tracing::debug!(parent = %label, active = %active, shadow = shadow_label, "shadow decided the same");
+                }
+                Comparison::Different(diff) => {
+                    metrics.shadow_compared(&policy, shadow_label, "different");
+                    tracing::info!(parent = %label, active = %active, shadow = shadow_label, %diff, "shadow decided differently");
+                    let event = Event {
+                        event_type: EventType::Normal,
+                        reason: "ShadowDecisionDiffers".to_string(),
+                        message: format!(
+                            "shadow {shadow_label} would decide differently from {active} (not applied): {diff}"
+                        ),
+                    };
+                    if let Err(error) = executor.record_event(&parent, event).await {
+                        tracing::warn!(%error, "could not record the shadow diff Event");
+                    }
+                }
+            }
+        });
+    }
+
     fn succeeded(&self, parent: &DynamicObject) {
         let key = ObjectRef::from_obj_with(parent, self.parent_resource.clone());
         self.failures

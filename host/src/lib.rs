@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plugin_cli;
 pub mod policy_store;
+pub mod shadow;
 pub mod supervisor;
 pub mod telemetry;
 

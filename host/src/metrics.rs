@@ -1,5 +1,5 @@
 //! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
-//! controllers, in Prometheus text.
+//! controllers, shadow comparisons, in Prometheus text.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,13 @@ struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowLabels {
+    policy: String,
+    shadow: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LoadLabels {
     source: String,
     outcome: String,
@@ -37,6 +44,7 @@ pub struct Metrics {
     decision_seconds: Family<PolicyLabels, Histogram>,
     plugin_loads: Family<LoadLabels, Counter>,
     controllers: Family<PolicyLabels, Gauge>,
+    shadow_decisions: Family<ShadowLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -82,8 +90,15 @@ impl Metrics {
             "1 while the controller of a policy runs, 0 once stopped",
             controllers.clone(),
         );
+        let shadow_decisions = Family::<ShadowLabels, Counter>::default();
+        registry.register(
+            "shadow_decisions",
+            "Decisions of a shadow plugin compared with the active one's, per outcome (same, different)",
+            shadow_decisions.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            shadow_decisions,
             reconciles,
             errors,
             decision_seconds,
@@ -118,6 +133,17 @@ impl Metrics {
                 policy: policy.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts a shadow decision of `shadow` (name@version) next to the active `policy`.
+    pub fn shadow_compared(&self, policy: &str, shadow: &str, outcome: &str) {
+        self.shadow_decisions
+            .get_or_create(&ShadowLabels {
+                policy: policy.into(),
+                shadow: shadow.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     /// Counts a plugin load attempt from `source` (e.g. `configmap ns/name`) with its outcome.

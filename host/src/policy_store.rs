@@ -3,6 +3,10 @@
 //! Loading sources feed it ([`crate::load`]: files given on the command line, labelled
 //! ConfigMaps); controllers read the current plugin on every reconcile, so a swap takes effect
 //! at the next decision while in-flight ones finish on the version they started with.
+//!
+//! Beside the active plugins it keeps at most one *shadow* per target kind: a candidate that
+//! decides on the same observations as the active plugin of that kind, whose decisions are
+//! compared and never carried out ([`crate::shadow`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +15,7 @@ use std::time::SystemTime;
 use tokio::sync::watch;
 
 use crate::decide::Plugin;
-use crate::decide::contract::Capability;
+use crate::decide::contract::{Capability, KindRef};
 
 /// What the admin allows a plugin to do beyond deciding.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,6 +94,8 @@ impl LoadedPolicy {
 #[derive(Clone)]
 pub struct PolicyStore {
     policies: watch::Sender<BTreeMap<String, Arc<LoadedPolicy>>>,
+    /// Shadows by target kind (`KindRef` display form).
+    shadows: watch::Sender<BTreeMap<String, Arc<LoadedPolicy>>>,
 }
 
 impl Default for PolicyStore {
@@ -103,6 +109,7 @@ impl PolicyStore {
     pub fn new() -> Self {
         Self {
             policies: watch::Sender::new(BTreeMap::new()),
+            shadows: watch::Sender::new(BTreeMap::new()),
         }
     }
 
@@ -153,6 +160,44 @@ impl PolicyStore {
                 }
             }
         })
+    }
+
+    /// Puts `policy` in as the shadow of its target kind, replacing any shadow of that kind.
+    pub fn insert_shadow(&self, policy: LoadedPolicy) {
+        let policy = Arc::new(policy);
+        let kind = policy.plugin.info().target.to_string();
+        self.shadows.send_modify(|map| {
+            map.insert(kind, policy);
+        });
+    }
+
+    /// Removes the shadow of the kind `target` (`KindRef` display form), if `source` loaded it.
+    pub fn remove_shadow(&self, target: &str, source: &str) {
+        self.shadows.send_modify(|map| {
+            if map.get(target).is_some_and(|p| p.source == source) {
+                map.remove(target);
+            }
+        });
+    }
+
+    /// The shadow of the kind `target`, if one is loaded.
+    pub fn shadow_for(&self, target: &KindRef) -> Option<Arc<LoadedPolicy>> {
+        self.shadows.borrow().get(&target.to_string()).cloned()
+    }
+
+    /// Every loaded shadow.
+    pub fn list_shadows(&self) -> Vec<Arc<LoadedPolicy>> {
+        self.shadows.borrow().values().cloned().collect()
+    }
+
+    /// The active policy that reconciles the kind `target`, if any.
+    pub fn active_for(&self, target: &KindRef) -> Option<Arc<LoadedPolicy>> {
+        let target = target.to_string();
+        self.policies
+            .borrow()
+            .values()
+            .find(|p| p.plugin.info().target.to_string() == target)
+            .cloned()
     }
 
     /// A receiver that sees every change to the store.
