@@ -1,7 +1,7 @@
 //! The admin HTTP endpoint: `/healthz`, `/readyz`, `/metrics` and `/plugins`.
 //!
 //! `/plugins` lists the loaded plugins as JSON, one object per plugin:
-//! `name`, `version`, `sha256` (of the component), `target` (`plural.group/version`),
+//! `name`, `version`, `mode` (`active`, or `shadow` for a candidate that only compares), `sha256` (of the component), `target` (`plural.group/version`),
 //! `children`, `source` (`file <path>` or `configmap <namespace>/<name>`), `since` (RFC 3339,
 //! when this version was loaded), `grants.appCall`, `grants.exchange`, `limits` and `concurrency`.
 
@@ -89,7 +89,14 @@ async fn plugins_json(
         .store
         .list()
         .iter()
-        .map(|p| describe(p.as_ref()))
+        .map(|p| describe(p.as_ref(), "active"))
+        .chain(
+            state
+                .store
+                .list_shadows()
+                .iter()
+                .map(|p| describe(p.as_ref(), "shadow")),
+        )
         .collect();
     (
         [("content-type", "application/json")],
@@ -97,8 +104,8 @@ async fn plugins_json(
     )
 }
 
-/// The `/plugins` entry of one loaded plugin.
-pub fn describe(policy: &LoadedPolicy) -> serde_json::Value {
+/// The `/plugins` entry of one loaded plugin; `mode` is `active` or `shadow`.
+pub fn describe(policy: &LoadedPolicy, mode: &str) -> serde_json::Value {
     let info = policy.plugin.info();
     let limits = policy.plugin.limits();
     let since = k8s_openapi::jiff::Timestamp::try_from(policy.loaded_at)
@@ -107,6 +114,7 @@ pub fn describe(policy: &LoadedPolicy) -> serde_json::Value {
     serde_json::json!({
         "name": info.name,
         "version": info.version,
+        "mode": mode,
         "sha256": policy.plugin.content_sha256(),
         "target": info.target.to_string(),
         "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),

@@ -5,6 +5,14 @@
 //! - add or change: decode, verify, compile, describe — and only then swap the new version in,
 //!   in one step. A refusal leaves the previous version running.
 //! - delete: the policy leaves the store, and the supervisor stops its controller.
+//! - `data.mode: shadow`: the plugin loads as the *shadow* of the active plugin of its kind
+//!   ([`crate::shadow`]): it decides on every observation next to the active one and its
+//!   decisions are compared, never carried out. At most one shadow per kind.
+//! - promotion: changing a shadow's `data.mode` to `active` swaps it in for the active plugin
+//!   of its kind in one step, even though that plugin came from another ConfigMap. The host
+//!   then marks the replaced ConfigMap with the annotation [`SUPERSEDED_BY`] (naming the
+//!   promoted one), and skips it while the promoted ConfigMap exists, after restarts too; delete
+//!   it once satisfied, or delete the promoted one and remove the annotation to roll back.
 //!
 //! Each load, swap, refusal and unload is a log line, a `policy_host_plugin_loads_total`
 //! count, and an Event on the ConfigMap (`kubectl describe configmap <name>` shows the history).
@@ -14,13 +22,14 @@ use std::time::SystemTime;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
 use super::{LoadError, PluginLoader};
+use crate::decide::Plugin;
 use crate::metrics::Metrics;
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 
@@ -54,15 +63,25 @@ pub enum RefusalError {
         /// Where that one came from.
         other_source: String,
     },
-    /// Shadow mode was asked for; this host does not run shadows yet.
+    /// Another ConfigMap already loaded a shadow for the same kind.
     #[error(
-        "{config_map} asks for mode `shadow`, which this host version does not run yet; set data.mode to `active` (or remove it) to load the plugin"
+        "plugin `{plugin}` would shadow {kind}, which `{other}` (from {other_source}) already shadows; one shadow per kind: delete that one first, or promote it"
     )]
-    ShadowUnsupported {
-        /// namespace/name.
-        config_map: String,
+    ShadowTaken {
+        /// name@version.
+        plugin: String,
+        /// The contested kind.
+        kind: String,
+        /// The shadow that has it.
+        other: String,
+        /// Where that one came from.
+        other_source: String,
     },
 }
+
+/// The annotation the host puts on a plugin ConfigMap whose plugin a promoted shadow replaced:
+/// the name of the promoted ConfigMap. While that one exists, this one is not loaded.
+pub const SUPERSEDED_BY: &str = "policy-host.io/superseded-by";
 
 impl RefusalError {
     /// A short CamelCase reason for Events and metrics.
@@ -71,15 +90,36 @@ impl RefusalError {
             RefusalError::Load(e) => e.reason(),
             RefusalError::NameTaken { .. } => "PluginNameTaken",
             RefusalError::TargetTaken { .. } => "PluginTargetTaken",
-            RefusalError::ShadowUnsupported { .. } => "ShadowModeUnsupported",
+            RefusalError::ShadowTaken { .. } => "PluginShadowTaken",
         }
     }
+}
+
+/// A load that passed every check, ready to go into the store.
+struct Swap {
+    loaded: LoadedPolicy,
+    /// `Loaded`, `Swapped`, `Promoted` or `ShadowLoaded`.
+    outcome: &'static str,
+    /// For the Event and the log.
+    message: String,
+    /// What a promotion replaces.
+    replaced_source: Option<Replaced>,
+}
+
+/// The active plugin a promotion replaces.
+struct Replaced {
+    /// Its ConfigMap's name (empty when it came from a file).
+    config_map: String,
+    /// Its policy name.
+    policy: String,
 }
 
 /// What the watcher knows about one pack ConfigMap.
 struct Known {
     /// The policy it loaded (if any load succeeded).
     policy: Option<String>,
+    /// The kind it shadows, when it loaded a shadow.
+    shadowing: Option<String>,
     /// sha256 + settings of what was last tried, to skip re-lists and no-op updates.
     fingerprint: String,
 }
@@ -185,71 +225,53 @@ impl ConfigMapSource {
         {
             return;
         }
-        let previous_policy = self.known.get(&name).and_then(|k| k.policy.clone());
-        let outcome = self.load(cm, &source, previous_policy.as_deref()).await;
-        match outcome {
-            Ok((loaded, replaced)) => {
-                let plugin = loaded.plugin.clone();
-                let info = plugin.info();
-                let (outcome, message) = match &replaced {
-                    Some(before) => (
-                        "Swapped",
-                        format!(
-                            "swapped in {} (sha256 {}) for {}, replacing {}; the next reconcile of each parent uses it",
-                            plugin.label(),
-                            short(plugin.content_sha256()),
-                            info.target,
-                            before
-                        ),
-                    ),
-                    None => (
-                        "Loaded",
-                        format!(
-                            "loaded {} (sha256 {}) for {}, granted {:?}",
-                            plugin.label(),
-                            short(plugin.content_sha256()),
-                            info.target,
-                            loaded.grants.describe()
-                        ),
-                    ),
-                };
-                tracing::info!(
-                    source = %source,
-                    plugin = plugin.label(),
-                    sha256 = plugin.content_sha256(),
-                    target = %info.target,
-                    grants = ?loaded.grants.describe(),
-                    limits = ?plugin.limits(),
-                    replaced = ?replaced,
-                    "plugin {}", outcome.to_lowercase()
-                );
-                self.metrics.plugin_load(&source, outcome);
-                let policy = loaded.name().to_string();
-                // A ConfigMap that now carries a plugin of another name unloads the old one.
-                if let Some(old) = previous_policy.filter(|old| *old != policy) {
-                    self.store.remove(&old);
-                }
-                self.store.insert(loaded);
-                self.record(
-                    cm,
-                    KubeEventType::Normal,
-                    &format!("Plugin{outcome}"),
-                    message,
-                )
+        let previous = self.known.remove(&name);
+        let previous_policy = previous.as_ref().and_then(|k| k.policy.clone());
+        let previous_shadow = previous.as_ref().and_then(|k| k.shadowing.clone());
+        if let Some(promoted) = self.superseded_by(cm).await {
+            self.superseded(cm, &source, &promoted, previous_policy.as_deref())
                 .await;
-                self.known.insert(
-                    name,
-                    Known {
-                        policy: Some(policy),
-                        fingerprint,
-                    },
-                );
+            self.known.insert(
+                name,
+                Known {
+                    policy: None,
+                    shadowing: None,
+                    fingerprint,
+                },
+            );
+            return;
+        }
+        let outcome = match PluginPack::from_config_map(cm, &self.defaults) {
+            Err(error) => Err(RefusalError::Load(LoadError::from(error))),
+            Ok(pack) if pack.mode == Mode::Shadow => {
+                self.load_shadow(cm, &source, pack, previous_policy.as_deref())
+                    .await
             }
+            Ok(pack) => {
+                self.load(
+                    &source,
+                    pack,
+                    previous_policy.as_deref(),
+                    previous_shadow.as_deref(),
+                )
+                .await
+            }
+        };
+        let loaded = match outcome {
+            Ok(loaded) => loaded,
             Err(error) => {
                 // What keeps running goes first: a long error is cut at the Event's 1 kB.
                 let still_running = previous_policy
                     .as_deref()
                     .and_then(|p| self.store.get(p))
+                    .or_else(|| {
+                        let kind = previous_shadow.as_deref()?;
+                        self.store
+                            .list_shadows()
+                            .into_iter()
+                            .find(|s| s.plugin.info().target.to_string() == kind)
+                    })
+                    .filter(|p| p.source == source)
                     .map(|p| format!("{} keeps running", p.plugin.label()))
                     .unwrap_or_else(|| "nothing loaded from it".to_string());
                 tracing::warn!(source = %source, reason = error.reason(), "plugin refused ({still_running}): {error}");
@@ -265,32 +287,174 @@ impl ConfigMapSource {
                     name,
                     Known {
                         policy: previous_policy,
+                        shadowing: previous_shadow,
                         fingerprint,
                     },
                 );
+                return;
+            }
+        };
+        let Swap {
+            loaded,
+            outcome,
+            message,
+            replaced_source,
+        } = loaded;
+        let plugin = loaded.plugin.clone();
+        let info = plugin.info();
+        tracing::info!(
+            source = %source,
+            plugin = plugin.label(),
+            sha256 = plugin.content_sha256(),
+            target = %info.target,
+            grants = ?loaded.grants.describe(),
+            limits = ?plugin.limits(),
+            "plugin {}: {message}", outcome.to_lowercase()
+        );
+        self.metrics.plugin_load(&source, outcome);
+        let target = info.target.to_string();
+        let known = if outcome == "ShadowLoaded" {
+            // A ConfigMap that turns from active to shadow unloads its active plugin.
+            if let Some(old) = previous_policy {
+                self.store.remove(&old);
+            }
+            self.store.insert_shadow(loaded);
+            Known {
+                policy: None,
+                shadowing: Some(target),
+                fingerprint,
+            }
+        } else {
+            let policy = loaded.name().to_string();
+            // A ConfigMap that now carries a plugin of another name unloads the old one.
+            if let Some(old) = previous_policy.filter(|old| *old != policy) {
+                self.store.remove(&old);
+            }
+            if let Some(replaced) = replaced_source.as_ref() {
+                // A promotion: the replaced plugin's own name leaves the store in the same
+                // breath as the promoted one enters (one step when the names are equal).
+                if replaced.policy != policy {
+                    self.store.remove(&replaced.policy);
+                }
+            }
+            self.store.insert(loaded);
+            if let Some(kind) = previous_shadow {
+                self.store.remove_shadow(&kind, &source);
+            }
+            Known {
+                policy: Some(policy),
+                shadowing: None,
+                fingerprint,
+            }
+        };
+        self.record(
+            cm,
+            KubeEventType::Normal,
+            &format!("Plugin{outcome}"),
+            message,
+        )
+        .await;
+        self.known.insert(name.clone(), known);
+        if let Some(replaced) = replaced_source.filter(|r| !r.config_map.is_empty()) {
+            self.mark_superseded(&replaced.config_map, &name, plugin.label())
+                .await;
+        }
+    }
+
+    /// The name of the promoted ConfigMap that supersedes `cm`, if `cm` carries the
+    /// annotation and that ConfigMap still exists as an active pack.
+    async fn superseded_by(&self, cm: &ConfigMap) -> Option<String> {
+        let promoted = cm.annotations().get(SUPERSEDED_BY)?.clone();
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.get_opt(&promoted).await {
+            Ok(Some(other)) => {
+                let active = other
+                    .labels()
+                    .get(PLUGIN_LABEL)
+                    .is_some_and(|v| v == "true")
+                    && other
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(super::pack::MODE_KEY))
+                        .is_none_or(|mode| mode.trim() == "active");
+                active.then_some(promoted)
+            }
+            Ok(None) => None,
+            Err(error) => {
+                // Unknown: loading both could fight over the kind, so stay out of the way.
+                tracing::warn!(config_map = %cm.name_any(), %promoted, %error, "cannot check the ConfigMap that superseded this one; not loading it");
+                Some(promoted)
             }
         }
     }
 
-    /// Decodes, verifies and compiles a pack; returns the policy and the label of the version
-    /// it replaces, if any.
-    async fn load(
-        &self,
+    async fn superseded(
+        &mut self,
         cm: &ConfigMap,
         source: &str,
+        promoted: &str,
         previous_policy: Option<&str>,
-    ) -> Result<(LoadedPolicy, Option<String>), RefusalError> {
-        let pack = PluginPack::from_config_map(cm, &self.defaults).map_err(LoadError::from)?;
-        if pack.mode == Mode::Shadow {
-            return Err(RefusalError::ShadowUnsupported {
-                config_map: format!("{}/{}", self.namespace, cm.name_any()),
-            });
+    ) {
+        if let Some(policy) = previous_policy
+            && self.store.get(policy).is_some_and(|p| p.source == source)
+        {
+            self.store.remove(policy);
         }
-        let (plugin, cache) = self
-            .loader
-            .load(source, &pack.component, &pack.sha256, pack.limits)
-            .await?;
-        tracing::debug!(source = %source, ?cache, "plugin compiled");
+        tracing::info!(source = %source, promoted, "plugin not loaded: superseded by a promoted shadow");
+        self.metrics.plugin_load(source, "Superseded");
+        let message = format!(
+            "not loaded: the plugin of ConfigMap {promoted} (a promoted shadow) replaced this one; delete this ConfigMap, or to roll back delete {promoted} and remove the annotation {SUPERSEDED_BY}"
+        );
+        self.record(cm, KubeEventType::Normal, "PluginSuperseded", message)
+            .await;
+    }
+
+    /// Annotates the ConfigMap whose plugin a promotion replaced, so it stays unloaded after a
+    /// restart, and says so in an Event on it.
+    async fn mark_superseded(&mut self, config_map: &str, promoted: &str, plugin: &str) {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch =
+            serde_json::json!({ "metadata": { "annotations": { SUPERSEDED_BY: promoted } } });
+        match api
+            .patch(config_map, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(cm) => {
+                // The annotation changes the fingerprint: remember it as seen, loading nothing.
+                self.known.insert(
+                    config_map.to_string(),
+                    Known {
+                        policy: None,
+                        shadowing: None,
+                        fingerprint: fingerprint(&cm),
+                    },
+                );
+                let message = format!(
+                    "replaced by {plugin}, promoted from shadow in ConfigMap {promoted}; this ConfigMap is no longer loaded: delete it, or to roll back delete {promoted} and remove the annotation {SUPERSEDED_BY}"
+                );
+                self.record(&cm, KubeEventType::Normal, "PluginSuperseded", message)
+                    .await;
+            }
+            Err(error) => {
+                tracing::warn!(config_map, promoted, error = %crate::act::api_error_text(&error), "cannot annotate the superseded plugin ConfigMap; after a host restart both may claim the kind: delete it");
+                if let Some(known) = self.known.get_mut(config_map) {
+                    known.policy = None;
+                }
+            }
+        }
+    }
+
+    /// Compiles an active pack and checks it may take its name and kind: the swap to carry
+    /// out. A pack that was this ConfigMap's shadow (`previous_shadow`) is a promotion: it
+    /// takes the kind over from whichever ConfigMap had it.
+    async fn load(
+        &self,
+        source: &str,
+        pack: PluginPack,
+        previous_policy: Option<&str>,
+        previous_shadow: Option<&str>,
+    ) -> Result<Swap, RefusalError> {
+        let plugin = self.compile(source, &pack).await?;
         let loaded = LoadedPolicy {
             plugin,
             grants: pack.grants,
@@ -299,30 +463,138 @@ impl ConfigMapSource {
             concurrency: Some(pack.concurrency),
         };
         let name = loaded.name();
+        let target = &loaded.plugin.info().target;
+        let label = loaded.plugin.label().to_string();
+        let grants = loaded.grants.describe();
+        let sha = short(loaded.plugin.content_sha256()).to_string();
+        let promoting = previous_shadow == Some(target.to_string().as_str());
+        if promoting && let Some(active) = self.store.active_for(target) {
+            if active.source == source {
+                // Already this ConfigMap's own active plugin: an ordinary swap.
+            } else {
+                let message = format!(
+                    "promoted {label} (sha256 {sha}) from shadow to active for {target}, replacing {} from {}; the next reconcile of each parent uses it",
+                    active.plugin.label(),
+                    active.source
+                );
+                // A plugin from a local file has no ConfigMap to mark: it just leaves.
+                let config_map = active
+                    .source
+                    .strip_prefix(&format!("configmap {}/", self.namespace))
+                    .unwrap_or_default()
+                    .to_string();
+                return Ok(Swap {
+                    loaded,
+                    outcome: "Promoted",
+                    message,
+                    replaced_source: Some(Replaced {
+                        config_map,
+                        policy: active.name().to_string(),
+                    }),
+                });
+            }
+        }
         let mut replaced = None;
         if let Some(existing) = self.store.get(name) {
             if existing.source != source {
                 return Err(RefusalError::NameTaken {
-                    plugin: loaded.plugin.label().to_string(),
+                    plugin: label,
                     other: existing.source.clone(),
                 });
             }
             replaced = Some(existing.plugin.label().to_string());
         }
-        let target = &loaded.plugin.info().target;
         if let Some(other) = self.store.list().into_iter().find(|p| {
             p.name() != name
                 && Some(p.name()) != previous_policy
                 && p.plugin.info().target.to_string() == target.to_string()
         }) {
             return Err(RefusalError::TargetTaken {
-                plugin: loaded.plugin.label().to_string(),
+                plugin: label,
                 kind: target.to_string(),
                 other: other.plugin.label().to_string(),
                 other_source: other.source.clone(),
             });
         }
-        Ok((loaded, replaced))
+        let (outcome, message) = match replaced {
+            Some(before) => (
+                "Swapped",
+                format!(
+                    "swapped in {label} (sha256 {sha}) for {target}, replacing {before}; the next reconcile of each parent uses it"
+                ),
+            ),
+            None => (
+                "Loaded",
+                format!("loaded {label} (sha256 {sha}) for {target}, granted {grants:?}"),
+            ),
+        };
+        Ok(Swap {
+            loaded,
+            outcome,
+            message,
+            replaced_source: None,
+        })
+    }
+
+    /// Compiles a shadow pack and checks its kind has no other shadow.
+    async fn load_shadow(
+        &self,
+        cm: &ConfigMap,
+        source: &str,
+        pack: PluginPack,
+        previous_policy: Option<&str>,
+    ) -> Result<Swap, RefusalError> {
+        let plugin = self.compile(source, &pack).await?;
+        let target = plugin.info().target.clone();
+        let label = plugin.label().to_string();
+        if let Some(other) = self.store.shadow_for(&target)
+            && other.source != source
+        {
+            return Err(RefusalError::ShadowTaken {
+                plugin: label,
+                kind: target.to_string(),
+                other: other.plugin.label().to_string(),
+                other_source: other.source.clone(),
+            });
+        }
+        let active = self
+            .store
+            .active_for(&target)
+            .filter(|a| Some(a.name()) != previous_policy || a.source != source);
+        let shadowing = match &active {
+            Some(active) => format!(
+                "the active {} (from {})",
+                active.plugin.label(),
+                active.source
+            ),
+            None => "no active plugin yet (it starts comparing once one loads)".to_string(),
+        };
+        let message = format!(
+            "loaded {label} (sha256 {}) as a shadow for {target}, next to {shadowing}: it decides on every observation, its decisions are compared and never applied; promote it by setting data.mode to active in {}",
+            short(plugin.content_sha256()),
+            cm.name_any()
+        );
+        Ok(Swap {
+            loaded: LoadedPolicy {
+                plugin,
+                grants: pack.grants,
+                source: source.to_string(),
+                loaded_at: SystemTime::now(),
+                concurrency: Some(pack.concurrency),
+            },
+            outcome: "ShadowLoaded",
+            message,
+            replaced_source: None,
+        })
+    }
+
+    async fn compile(&self, source: &str, pack: &PluginPack) -> Result<Plugin, RefusalError> {
+        let (plugin, cache) = self
+            .loader
+            .load(source, &pack.component, &pack.sha256, pack.limits.clone())
+            .await?;
+        tracing::debug!(source = %source, ?cache, "plugin compiled");
+        Ok(plugin)
     }
 
     async fn deleted(&mut self, name: &str, cm: Option<&ConfigMap>) {
@@ -330,6 +602,12 @@ impl ConfigMapSource {
             return;
         };
         let source = source_of(&self.namespace, name);
+        if let Some(kind) = known.shadowing {
+            self.store.remove_shadow(&kind, &source);
+            tracing::info!(source = %source, kind = %kind, "shadow unloaded: its ConfigMap was deleted");
+            self.metrics.plugin_load(&source, "ShadowUnloaded");
+            return;
+        }
         let Some(policy) = known.policy else {
             return;
         };
@@ -384,6 +662,10 @@ fn fingerprint(cm: &ConfigMap) -> String {
         text.push('=');
         text.push_str(value);
         text.push('\n');
+    }
+    if let Some(promoted) = cm.annotations().get(SUPERSEDED_BY) {
+        text.push_str(SUPERSEDED_BY);
+        text.push_str(promoted);
     }
     super::pack::sha256_hex(text.as_bytes())
 }
