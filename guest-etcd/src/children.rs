@@ -13,7 +13,11 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::protocol::{Child, KindRef};
+use policy_host_sdk::Child;
+/// The kinds of the children: member and backup pods, the two services, the claims, the
+/// budget.
+pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
+
 use crate::spec::{RestoreSpec, ValidSpec};
 
 /// Label every child carries: `app.kubernetes.io/name: etcd`.
@@ -38,31 +42,6 @@ pub const RESTORE_MOUNT: &str = "/restore";
 pub const LABEL_ROLE: &str = "etcd.database.coreos.com/role";
 /// Annotation of the backup Pod: the `spec.backup.trigger` it runs for.
 pub const ANNOTATION_TRIGGER: &str = "etcd.database.coreos.com/backup-trigger";
-
-/// Kind of member pods.
-pub fn pod_kind() -> KindRef {
-    KindRef::namespaced("", "v1", "Pod", "pods")
-}
-
-/// Kind of the two services.
-pub fn service_kind() -> KindRef {
-    KindRef::namespaced("", "v1", "Service", "services")
-}
-
-/// Kind of the per-member data claims.
-pub fn pvc_kind() -> KindRef {
-    KindRef::namespaced("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
-}
-
-/// Kind of the disruption budget.
-pub fn pdb_kind() -> KindRef {
-    KindRef::namespaced(
-        "policy",
-        "v1",
-        "PodDisruptionBudget",
-        "poddisruptionbudgets",
-    )
-}
 
 /// Where a cluster lives: its name and namespace, from which every child name and DNS
 /// name derives.

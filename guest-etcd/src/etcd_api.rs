@@ -1,6 +1,6 @@
 //! What the plugin asks etcd, through the host's app-call: the [`EtcdApi`] trait, the JSON
 //! encoding of etcd's gRPC-gateway endpoints, and [`GatewayEtcdApi`], the trait over any
-//! "send one HTTP request" function (the wasm glue supplies the transport).
+//! [`AppCall`] client (in the plugin: the host's import; in tests: a closure or a script).
 //!
 //! The gateway (`/v3/...`, on the member's client port) encodes protobuf as JSON with the
 //! proto field names: `ID`, `peerURLs`, `isLearner`, `header.cluster_id`, and 64-bit
@@ -8,10 +8,10 @@
 //! `name` of a member that has not started yet do not appear), so every field is optional
 //! here and numbers are accepted both as strings and as JSON numbers.
 
+use policy_host_sdk::log;
+use policy_host_sdk::{AppCall, AppCallResponse};
 use serde::{Deserialize, Deserializer};
-use serde_json::json;
-
-use crate::protocol::{AppCallError, AppCallRequest, AppCallResponse, Method};
+use serde_json::{Value, json};
 
 /// The named container port etcd serves clients (and the gateway) on.
 pub const CLIENT_PORT_NAME: &str = "client";
@@ -218,29 +218,29 @@ pub const MOVE_LEADER_PATH: &str = "/v3/maintenance/transfer-leadership";
 /// includes every committed change. A member's local, possibly lagging view could miss a
 /// member just added, and the plugin would take that member's new pod for a stray one.
 /// Without a quorum the list fails, which is the safe answer: nothing then changes.
-pub fn encode_member_list() -> String {
-    json!({"linearizable": true}).to_string()
+pub fn encode_member_list() -> Value {
+    json!({"linearizable": true})
 }
 
 /// Body of `member add`.
-pub fn encode_member_add(peer_urls: &[String], is_learner: bool) -> String {
-    json!({"peerURLs": peer_urls, "isLearner": is_learner}).to_string()
+pub fn encode_member_add(peer_urls: &[String], is_learner: bool) -> Value {
+    json!({"peerURLs": peer_urls, "isLearner": is_learner})
 }
 
 /// Body of `member remove` and `member promote`: the ID as a decimal string, as the
 /// gateway encodes uint64.
-pub fn encode_member_id(id: u64) -> String {
-    json!({"ID": id.to_string()}).to_string()
+pub fn encode_member_id(id: u64) -> Value {
+    json!({"ID": id.to_string()})
 }
 
 /// Body of `move-leader`: the transferee's ID as a decimal string.
-pub fn encode_move_leader(target: u64) -> String {
-    json!({"targetID": target.to_string()}).to_string()
+pub fn encode_move_leader(target: u64) -> Value {
+    json!({"targetID": target.to_string()})
 }
 
 /// Turns a non-2xx gateway answer into [`EtcdError::Rejected`]; checks the status first.
 fn check_status(response: &AppCallResponse) -> Result<(), EtcdError> {
-    if (200..300).contains(&response.status) {
+    if response.is_success() {
         return Ok(());
     }
     let parsed: Option<GatewayError> = serde_json::from_str(&response.body).ok();
@@ -311,37 +311,42 @@ pub fn decode_status(response: &AppCallResponse) -> Result<EndpointStatus, EtcdE
     })
 }
 
-/// [`EtcdApi`] over etcd's gRPC gateway, given a function that sends one request to a pod
-/// and returns its response (in the plugin: the host's `app-call` import).
-pub struct GatewayEtcdApi<F> {
-    send: F,
+/// [`EtcdApi`] over etcd's gRPC gateway, through an [`AppCall`] client to the members'
+/// client port. Failed requests are logged: the decision only sees that a member did not
+/// answer or refused.
+pub struct GatewayEtcdApi<A> {
+    app: A,
 }
 
-impl<F> GatewayEtcdApi<F>
-where
-    F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
-{
-    /// Wraps a transport.
-    pub fn new(send: F) -> Self {
-        GatewayEtcdApi { send }
+impl<A: AppCall> GatewayEtcdApi<A> {
+    /// Wraps an app-call client.
+    pub fn new(app: A) -> Self {
+        GatewayEtcdApi { app }
     }
 
-    fn post(&mut self, pod: &str, path: &str, body: String) -> Result<AppCallResponse, EtcdError> {
-        let request = AppCallRequest {
-            pod: pod.to_owned(),
-            port: CLIENT_PORT_NAME.to_owned(),
-            method: Method::Post,
-            path: path.to_owned(),
-            body: Some(body),
-        };
-        (self.send)(&request).map_err(|e| EtcdError::Unreachable(format!("pod {pod}: {e}")))
+    fn post(&mut self, pod: &str, path: &str, body: Value) -> Result<AppCallResponse, EtcdError> {
+        let result = self.app.post(pod, CLIENT_PORT_NAME, path, &body);
+        match &result {
+            Ok(response) if !response.is_success() => log::info(
+                "etcd refused a request",
+                &[
+                    ("pod", pod),
+                    ("path", path),
+                    ("status", &response.status.to_string()),
+                    ("body", &truncate(&response.body, 300)),
+                ],
+            ),
+            Err(e) => log::debug(
+                "etcd member did not answer",
+                &[("pod", pod), ("path", path), ("error", &e.to_string())],
+            ),
+            Ok(_) => {}
+        }
+        result.map_err(|e| EtcdError::Unreachable(format!("pod {pod}: {e}")))
     }
 }
 
-impl<F> EtcdApi for GatewayEtcdApi<F>
-where
-    F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
-{
+impl<A: AppCall> EtcdApi for GatewayEtcdApi<A> {
     fn member_list(&mut self, pod: &str) -> Result<MemberList, EtcdError> {
         decode_member_list(&self.post(pod, MEMBER_LIST_PATH, encode_member_list())?)
     }
@@ -365,7 +370,7 @@ where
     }
 
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
-        decode_status(&self.post(pod, STATUS_PATH, "{}".into())?)
+        decode_status(&self.post(pod, STATUS_PATH, json!({}))?)
     }
 
     fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError> {
@@ -375,6 +380,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use policy_host_sdk::AppCallRequest;
+
     use super::*;
 
     fn ok(body: &str) -> AppCallResponse {
@@ -413,15 +420,12 @@ mod tests {
         let added = decode_member_add(&ok(body)).expect("decodes");
         assert_eq!(added.member.id, 99);
         assert_eq!(added.list.members.len(), 2);
-        let request: serde_json::Value =
-            serde_json::from_str(&encode_member_add(&["http://p:2380".into()], true))
-                .expect("json");
         assert_eq!(
-            request,
+            encode_member_add(&["http://p:2380".into()], true),
             json!({"peerURLs": ["http://p:2380"], "isLearner": true})
         );
         assert_eq!(
-            encode_member_id(u64::MAX),
+            encode_member_id(u64::MAX).to_string(),
             r#"{"ID":"18446744073709551615"}"#
         );
     }

@@ -9,28 +9,29 @@
 //! when to look again. The only thing it may do itself is ask etcd, through the host's
 //! `app-call`, about membership ([`etcd_api`]).
 //!
-//! The crate is plain Rust that tests natively (`cargo test -p guest-etcd`); built for
-//! `wasm32-wasip2` it is a WebAssembly component exporting the WIT world `policy-plugin`
-//! (`wit/policy.wit`), with the glue in `wasm.rs`.
+//! The crate is plain Rust on the plugin SDK (`policy-host-sdk`, `wit/sdk`) and tests
+//! natively (`cargo test -p guest-etcd`); built for `wasm32-wasip2` it is a WebAssembly
+//! component exporting the WIT world `policy-plugin` (`wit/policy.wit`): [`EtcdPlugin`],
+//! through the SDK's `export_plugin!`.
 //!
 //! - [`spec`] — the custom resource types (and, with feature `crd`, the CRD).
-//! - [`protocol`] — Rust mirrors of the WIT types.
 //! - [`etcd_api`] — what the plugin asks etcd, and the gateway JSON encoding.
 //! - [`children`] — names and JSON of the Services, Pods, claims and budget.
-//! - [`reconcile`] — the decisions.
-//! - [`status`] — conditions and time formatting.
+//! - [`reconcile`] — the decisions, and the status conditions they report.
 
 pub mod children;
 pub mod etcd_api;
-pub mod protocol;
 pub mod reconcile;
 pub mod spec;
-pub mod status;
 
-#[cfg(target_arch = "wasm32")]
-mod wasm;
+/// The contract types (observation, decision, ...), which are the SDK's; kept under this
+/// name for the crate's native users (the host's decision bench).
+pub use policy_host_sdk::contract as protocol;
 
-use protocol::{Capability, KindRef, PolicyInfo};
+use policy_host_sdk::log;
+use policy_host_sdk::prelude::*;
+
+use crate::etcd_api::GatewayEtcdApi;
 
 /// The plugin's name, as the host knows it.
 pub const PLUGIN_NAME: &str = "etcd";
@@ -45,21 +46,46 @@ pub fn target_kind() -> KindRef {
     )
 }
 
-/// What the plugin says about itself (the WIT `describe`).
-pub fn policy_info() -> PolicyInfo {
-    PolicyInfo {
-        name: PLUGIN_NAME.to_owned(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        target: target_kind(),
-        children: vec![
-            children::pod_kind(),
-            children::service_kind(),
-            children::pvc_kind(),
-            children::pdb_kind(),
-        ],
-        capabilities: vec![Capability::AppCall(etcd_api::CLIENT_PORT_NAME.to_owned())],
-        // Children carry owner references and go with the parent: nothing to clean up.
-        wants_finalizer: false,
+/// The etcd plugin, as the host calls it: etcd reached through the app-call client the
+/// host hands over, each decision logged at debug level.
+pub struct EtcdPlugin;
+
+policy_host_sdk::export_plugin!(EtcdPlugin);
+
+impl Plugin for EtcdPlugin {
+    fn describe() -> PolicyInfo {
+        PolicyInfo {
+            name: PLUGIN_NAME.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            target: target_kind(),
+            children: vec![
+                children::pod_kind(),
+                children::service_kind(),
+                children::pvc_kind(),
+                children::pdb_kind(),
+            ],
+            capabilities: vec![Capability::AppCall(etcd_api::CLIENT_PORT_NAME.to_owned())],
+            // Children carry owner references and go with the parent: nothing to clean up,
+            // so no finalizer (and the SDK's default `finalize`).
+            wants_finalizer: false,
+        }
+    }
+
+    fn reconcile(
+        observation: &Observation,
+        app: &mut dyn AppCall,
+    ) -> Result<Decision, PolicyError> {
+        let mut etcd = GatewayEtcdApi::new(|request: &AppCallRequest| app.call(request));
+        let decision = reconcile::reconcile(observation, &mut etcd)?;
+        let requeue = decision.requeue_after_ms.map(|ms| ms.to_string());
+        log::debug(
+            "decided",
+            &[
+                ("actions", &log::summarize(&decision.actions)),
+                ("requeue_ms", requeue.as_deref().unwrap_or_default()),
+            ],
+        );
+        Ok(decision)
     }
 }
 

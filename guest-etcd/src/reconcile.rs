@@ -21,6 +21,7 @@
 //! time, add new members as learners, and remove a dead member before adding its
 //! replacement.
 
+use policy_host_sdk::conditions::{Condition, already_set, rfc3339, set_condition};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -28,16 +29,18 @@ use crate::children::{
     self, ClusterRef, ClusterState, MemberPod, ObservedChildren, ObservedPod, quorum,
 };
 use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList};
-use crate::protocol::{
-    Action, Decision, Event, EventType, FinalizeDecision, Observation, PolicyError, Timestamp,
-};
+use crate::protocol::{Action, Decision, Event, EventType, Observation, PolicyError, Timestamp};
 use crate::spec::{
     BackupStatus, EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, RestoreSpec, ValidSpec,
     Version,
 };
-use crate::status::{
-    AVAILABLE, ConditionUpdate, DEGRADED, PROGRESSING, already_reported, merge_conditions, rfc3339,
-};
+
+/// Condition type: a quorum of voting members is ready, so the cluster serves requests.
+pub const AVAILABLE: &str = "Available";
+/// Condition type: membership is changing or the plugin waits for members to start.
+pub const PROGRESSING: &str = "Progressing";
+/// Condition type: something needs attention (invalid spec, lost members).
+pub const DEGRADED: &str = "Degraded";
 
 /// Requeue delay while something is changing or the plugin waits for members.
 pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
@@ -155,26 +158,12 @@ pub fn reconcile(
     Ok(step.finish(&parent, outcome, observation.now))
 }
 
-/// Decides cleanup while an EtcdCluster is being deleted. The plugin asks for no finalizer:
-/// every child carries an owner reference and goes with the parent, so there is nothing
-/// to do.
-pub fn finalize(
-    _observation: &Observation,
-    _etcd: &mut impl EtcdApi,
-) -> Result<FinalizeDecision, PolicyError> {
-    Ok(FinalizeDecision {
-        actions: Vec::new(),
-        done: true,
-        requeue_after_ms: None,
-    })
-}
-
 /// Invalid spec: touch nothing, say what to fix, warn once.
 fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
-    let degraded = ConditionUpdate::new(DEGRADED, true, "InvalidSpec", message.clone());
+    let degraded = Condition::new(DEGRADED, true, "InvalidSpec", message.clone());
     let mut actions = Vec::new();
     let mut status = parent.status.clone();
-    if !already_reported(&status.conditions, &degraded) {
+    if !already_set(&status.conditions, &degraded) {
         actions.push(Action::RecordEvent(Event {
             event_type: EventType::Warning,
             reason: "InvalidSpec".into(),
@@ -183,21 +172,26 @@ fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
     }
     // Availability stays as last observed: nothing was checked, and the cluster (if any)
     // keeps running untouched.
-    let mut updates: Vec<ConditionUpdate> = status
+    for available in status
         .conditions
-        .iter()
+        .iter_mut()
         .filter(|c| c.type_ == AVAILABLE)
-        .map(|c| ConditionUpdate::new(AVAILABLE, c.status == "True", &c.reason, c.message.clone()))
-        .collect();
-    updates.push(ConditionUpdate::new(
+    {
+        available.observed_generation = parent.generation;
+    }
+    let progressing = Condition::new(
         PROGRESSING,
         false,
         "InvalidSpec",
         "waiting for a valid spec",
-    ));
-    updates.push(degraded);
-    status.conditions =
-        merge_conditions(&parent.status.conditions, &updates, now, parent.generation);
+    );
+    for condition in [progressing, degraded] {
+        set_condition(
+            &mut status.conditions,
+            condition.observed(parent.generation),
+            now,
+        );
+    }
     if status.cluster_id.is_none() {
         status.phase = Some(Phase::Failed);
     }
@@ -1216,7 +1210,7 @@ impl<'a> Step<'a> {
                 .pod(name)
                 .is_some_and(|p| p.ready && !p.is_gone())
         };
-        let available: ConditionUpdate;
+        let available: Condition;
         match &outcome {
             Outcome::Reachable { list, version } => {
                 status.members = list
@@ -1243,14 +1237,14 @@ impl<'a> Step<'a> {
                     status.members.iter().filter(|m| !m.learner).collect();
                 let ready_voters = voters.iter().filter(|m| m.ready).count();
                 available = if !voters.is_empty() && ready_voters >= quorum(voters.len()) {
-                    ConditionUpdate::new(
+                    Condition::new(
                         AVAILABLE,
                         true,
                         "QuorumReady",
                         format!("{ready_voters} of {} voting members Ready", voters.len()),
                     )
                 } else {
-                    ConditionUpdate::new(
+                    Condition::new(
                         AVAILABLE,
                         false,
                         "QuorumNotReady",
@@ -1262,7 +1256,7 @@ impl<'a> Step<'a> {
                 for member in &mut status.members {
                     member.ready = pod_ready(&member.name);
                 }
-                available = ConditionUpdate::new(AVAILABLE, false, "EtcdUnreachable", why.clone());
+                available = Condition::new(AVAILABLE, false, "EtcdUnreachable", why.clone());
             }
         }
         let ready_count = status.members.iter().filter(|m| m.ready).count();
@@ -1283,10 +1277,8 @@ impl<'a> Step<'a> {
         }
 
         let progressing = match &self.progress {
-            Some((reason, message)) => {
-                ConditionUpdate::new(PROGRESSING, true, reason, message.clone())
-            }
-            None => ConditionUpdate::new(
+            Some((reason, message)) => Condition::new(PROGRESSING, true, reason, message.clone()),
+            None => Condition::new(
                 PROGRESSING,
                 false,
                 "Reconciled",
@@ -1294,12 +1286,10 @@ impl<'a> Step<'a> {
             ),
         };
         let degraded = match &self.degraded {
-            Some((reason, message)) => {
-                ConditionUpdate::new(DEGRADED, true, reason, message.clone())
-            }
-            None => ConditionUpdate::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+            Some((reason, message)) => Condition::new(DEGRADED, true, reason, message.clone()),
+            None => Condition::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
         };
-        if degraded.status && !already_reported(&parent.status.conditions, &degraded) {
+        if degraded.status == "True" && !already_set(&parent.status.conditions, &degraded) {
             self.event(
                 EventType::Warning,
                 &degraded.reason,
@@ -1316,12 +1306,13 @@ impl<'a> Step<'a> {
         } else {
             Phase::Running
         });
-        status.conditions = merge_conditions(
-            &parent.status.conditions,
-            &[available, progressing, degraded],
-            now,
-            parent.generation,
-        );
+        for condition in [available, progressing, degraded] {
+            set_condition(
+                &mut status.conditions,
+                condition.observed(parent.generation),
+                now,
+            );
+        }
 
         // Degraded without progress waits for a human: no point in polling fast.
         let steady = self.progress.is_none() && !self.backup_running;

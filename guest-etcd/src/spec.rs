@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// A status condition (`metav1.Condition` conventions): the SDK's.
+pub use policy_host_sdk::conditions::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -328,29 +330,6 @@ pub struct MemberStatus {
     pub ready: bool,
     /// Whether the member is a learner (non-voting, catching up).
     pub learner: bool,
-}
-
-/// A status condition, following the Kubernetes `metav1.Condition` conventions.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    /// Condition type: `Available`, `Progressing` or `Degraded`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// CamelCase reason for the last transition or the current state.
-    #[serde(default)]
-    pub reason: String,
-    /// Human-readable details.
-    #[serde(default)]
-    pub message: String,
-    /// When the status last changed (RFC 3339).
-    #[serde(default)]
-    pub last_transition_time: String,
-    /// The `metadata.generation` the condition was computed for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
 }
 
 /// A validated spec: what the rest of the plugin works with.

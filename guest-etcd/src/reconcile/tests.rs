@@ -1,9 +1,11 @@
 //! Table-driven tests of the decisions: one row per situation, including every point where
 //! the host may stop between two steps of a membership change.
 
+use policy_host_sdk::testing::Harness;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::EtcdPlugin;
 use crate::children::{pod_kind, pvc_kind};
 use crate::etcd_api::{EtcdError, MemberAdded};
 use crate::protocol::{Child, KindRef};
@@ -1748,8 +1750,9 @@ fn bad_observations_are_errors_naming_the_host() {
 
 #[test]
 fn finalize_has_nothing_to_clean_up() {
-    let mut etcd = FakeEtcd::default();
-    let decision = finalize(&observation(spec(1), None, vec![]), &mut etcd).expect("finalize");
+    let decision = Harness::<EtcdPlugin>::new()
+        .finalize(&observation(spec(1), None, vec![]))
+        .expect("finalize");
     assert!(decision.done && decision.actions.is_empty());
 }
 

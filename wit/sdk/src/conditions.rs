@@ -71,6 +71,18 @@ pub fn set_condition(conditions: &mut Vec<Condition>, mut condition: Condition, 
     }
 }
 
+/// Whether `conditions` already say exactly `condition` (type, status, reason and message):
+/// record the Event that goes with a condition only when this is false, so it is recorded
+/// once when the condition appears, not on every reconcile while it holds.
+pub fn already_set(conditions: &[Condition], condition: &Condition) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == condition.type_
+            && c.status == condition.status
+            && c.reason == condition.reason
+            && c.message == condition.message
+    })
+}
+
 /// `at` as RFC 3339 in UTC with second precision, e.g. `2024-05-01T12:00:00Z`.
 pub fn rfc3339(at: Timestamp) -> String {
     let days = at.seconds.div_euclid(86_400);
@@ -153,5 +165,18 @@ mod tests {
             assert_eq!(conditions[0].last_transition_time, want, "{situation}");
             assert_eq!(conditions[0].reason, update.reason, "{situation}");
         }
+    }
+
+    #[test]
+    fn already_set_compares_everything_but_the_times() {
+        let mut conditions = Vec::new();
+        let degraded = Condition::new("Degraded", true, "InvalidSpec", "fix spec.size");
+        assert!(!already_set(&conditions, &degraded));
+        set_condition(&mut conditions, degraded.clone(), at(100));
+        assert!(already_set(&conditions, &degraded));
+        let other_message = Condition::new("Degraded", true, "InvalidSpec", "fix spec.version");
+        assert!(!already_set(&conditions, &other_message));
+        let cleared = Condition::new("Degraded", false, "InvalidSpec", "fix spec.size");
+        assert!(!already_set(&conditions, &cleared));
     }
 }

@@ -122,6 +122,17 @@ impl AppCall for ScriptedAppCall {
     }
 }
 
+/// A closure is an app too: for a fake whose answers depend on earlier requests or on a
+/// model of the app, which a fixed script cannot express.
+impl<F> AppCall for F
+where
+    F: FnMut(&AppCallRequest) -> Result<AppCallResponse, AppCallError>,
+{
+    fn call(&mut self, request: &AppCallRequest) -> Result<AppCallResponse, AppCallError> {
+        self(request)
+    }
+}
+
 /// Runs a [`Plugin`] natively, as the host would, against a [`ScriptedAppCall`].
 #[derive(Debug, Default)]
 pub struct Harness<P> {
