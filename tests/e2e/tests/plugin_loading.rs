@@ -1,6 +1,7 @@
 //! Plugins loaded through ConfigMaps, against the real API server: v1 loads and decides, v2
 //! swaps in with no restart, broken versions are refused with an Event while v2 keeps deciding,
-//! and deleting the ConfigMap stops the controller. The `misbehaving` test plugin is built in
+//! deleting the ConfigMap stops the controller, and a shadow version is compared without acting
+//! until it is promoted. The `misbehaving` test plugin is built in
 //! versions that write their own version into each Probe's status, so every decision says
 //! which version made it.
 
@@ -256,6 +257,142 @@ async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> 
 
     host.stop().await;
     release(&api, &["first", "second", "third", "after-unload"]).await;
+    Ok(())
+}
+
+/// An Event with `reason` about the object called `name`.
+async fn event_about(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Result<Event> {
+    Ok(
+        wait_for(&format!("a {reason} Event about {name}"), WAIT, || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        && e.reason.as_deref() == Some(reason)
+                })
+        })
+        .await?,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_compares_without_acting_and_is_promoted_by_one_field() -> anyhow::Result<()> {
+    init_logging();
+    const CANDIDATE: &str = "plugin-probe-candidate";
+    let (v2, v4) = (build("2.0.0")?, build("4.0.0")?);
+    let env = shared().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("plugin-shadow").await?;
+    let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
+    let admin = host
+        .running
+        .admin_addr
+        .ok_or_else(|| anyhow::anyhow!("no admin address"))?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
+
+    apply_pack(&config_maps, packed(&v2)?).await?;
+    apply_probe(&api, "shadowed", "a").await?;
+    wait_decided_by(&api, "shadowed", "2.0.0").await?;
+
+    // v4 as a shadow, from its own ConfigMap.
+    let mut candidate = pack::to_config_map(
+        &v4,
+        &PackOptions {
+            name: CANDIDATE.into(),
+            mode: pack::Mode::Shadow,
+            ..Default::default()
+        },
+    )?;
+    candidate.metadata.managed_fields = None;
+    config_maps
+        .patch(
+            CANDIDATE,
+            &PatchParams::apply("plugin-loading-e2e").force(),
+            &Patch::Apply(&candidate),
+        )
+        .await?;
+    let loaded = event_about(&events, CANDIDATE, "PluginShadowLoaded").await?;
+    let note = loaded.note.unwrap_or_default();
+    assert!(
+        note.contains("misbehaving@2.0.0"),
+        "the Event names the active plugin it shadows: {note}"
+    );
+    let listed = loaded_plugins(admin).await?;
+    let modes: Vec<(String, String)> = listed
+        .iter()
+        .map(|p| (p["version"].to_string(), p["mode"].to_string()))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("\"2.0.0\"".to_string(), "\"active\"".to_string()),
+            ("\"4.0.0\"".to_string(), "\"shadow\"".to_string())
+        ]
+    );
+
+    // The next reconcile runs both; the difference is reported, and only v2's decision lands.
+    apply_probe(&api, "shadowed", "b").await?;
+    let diff = event_about(&events, "shadowed", "ShadowDecisionDiffers").await?;
+    let note = diff.note.unwrap_or_default();
+    assert!(
+        note.contains(r#".pluginVersion: "2.0.0" → "4.0.0""#),
+        "the Event carries a short diff: {note}"
+    );
+    assert_eq!(
+        plugin_version_in_status(&api, "shadowed").await.as_deref(),
+        Some("2.0.0"),
+        "the shadow's decisions are never applied"
+    );
+    let metrics = get(&format!("http://{admin}/metrics")).await?;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("policy_host_shadow_decisions_total")
+                && l.contains("shadow=\"misbehaving@4.0.0\"")
+                && l.contains("outcome=\"different\"")),
+        "a shadow comparison metric:\n{metrics}"
+    );
+
+    // Promotion: one field in the candidate's ConfigMap.
+    let promote = json!({ "data": { pack::MODE_KEY: "active" } });
+    config_maps
+        .patch(CANDIDATE, &PatchParams::default(), &Patch::Merge(&promote))
+        .await?;
+    wait_decided_by(&api, "shadowed", "4.0.0").await?;
+    let promoted = event_about(&events, CANDIDATE, "PluginPromoted").await?;
+    assert!(
+        promoted
+            .note
+            .unwrap_or_default()
+            .contains("replacing misbehaving@2.0.0"),
+        "the promotion says what it replaced"
+    );
+    event_about(&events, PACK, "PluginSuperseded").await?;
+    let replaced = config_maps.get(PACK).await?;
+    assert_eq!(
+        replaced
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("policy-host.io/superseded-by")
+            .map(String::as_str),
+        Some(CANDIDATE),
+        "the replaced ConfigMap is marked, so a restarted host does not load it again"
+    );
+    let listed = loaded_plugins(admin).await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["version"], "4.0.0");
+    assert_eq!(listed[0]["mode"], "active");
+
+    host.stop().await;
+    release(&api, &["shadowed"]).await;
     Ok(())
 }
 
