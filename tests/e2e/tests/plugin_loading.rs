@@ -391,6 +391,24 @@ async fn a_shadow_compares_without_acting_and_is_promoted_by_one_field() -> anyh
     assert_eq!(listed[0]["version"], "4.0.0");
     assert_eq!(listed[0]["mode"], "active");
 
+    // A restarted host loads the promoted plugin only, whichever ConfigMap it lists first.
+    host.stop().await;
+    let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
+    let admin = host
+        .running
+        .admin_addr
+        .ok_or_else(|| anyhow::anyhow!("no admin address"))?;
+    apply_probe(&api, "shadowed", "c").await?;
+    wait_for("the restarted host lists its plugins", WAIT, || async {
+        let listed = loaded_plugins(admin).await.ok()?;
+        (!listed.is_empty()).then_some(())
+    })
+    .await?;
+    wait_decided_by(&api, "shadowed", "4.0.0").await?;
+    let listed = loaded_plugins(admin).await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["version"], "4.0.0");
+
     host.stop().await;
     release(&api, &["shadowed"]).await;
     Ok(())
