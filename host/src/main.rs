@@ -57,6 +57,34 @@ enum Command {
         /// The plugin component (.wasm).
         plugin: PathBuf,
     },
+    /// Run a plugin's reconcile loop against an in-memory model of its parent and children,
+    /// with no cluster, printing each decision; app-calls are answered from --responses.
+    /// Exits 0 once a decision changes nothing (converged), 1 on a refusal or if --steps run out.
+    ///
+    /// The responder file (YAML), one row per pod and path (method and body are not matched;
+    /// pod `*` is every pod):
+    ///   appCalls:
+    ///     - { pod: "*", path: /health, status: 200, body: '{"health":"true"}' }
+    ///     - { pod: example-2, path: /health, error: unreachable }
+    #[command(verbatim_doc_comment)]
+    Simulate {
+        /// The plugin component (.wasm).
+        plugin: PathBuf,
+        /// The parent custom resource (YAML or JSON).
+        #[arg(long)]
+        cr: PathBuf,
+        /// Scripted answers to app-calls (YAML); without it every app-call is unreachable.
+        #[arg(long)]
+        responses: Option<PathBuf>,
+        /// Stop after this many decisions.
+        #[arg(long, default_value_t = 20)]
+        steps: u32,
+        /// Print one JSON object per step instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        limits: PackLimitArgs,
+    },
     /// Check a plugin as the host would load it (component, world, contract version,
     /// self-description within the limits, ConfigMap size) and print the result as JSON.
     Validate {
@@ -144,11 +172,23 @@ impl LimitArgs {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
-    match cli.command {
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The message says what is wrong and what to do; a backtrace of the host's own
+            // frames would only bury it.
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Run {
             policies,
             plugin_namespace,
@@ -201,6 +241,34 @@ async fn main() -> anyhow::Result<()> {
                 "wantsFinalizer": info.wants_finalizer,
             });
             println!("{}", serde_json::to_string_pretty(&description)?);
+        }
+        Command::Simulate {
+            plugin,
+            cr,
+            responses,
+            steps,
+            json,
+            limits,
+        } => {
+            let request = plugin_cli::simulate::SimulateRequest {
+                cr,
+                responses,
+                steps,
+                json,
+            };
+            let ran = plugin_cli::simulate_plugin(&plugin, &limits.spec(), &request).await?;
+            match ran.last() {
+                Some(last) if last.converged => {}
+                Some(last) if last.error.is_some() => {
+                    anyhow::bail!(
+                        "the simulation stopped at step {}: see ERROR above",
+                        last.step
+                    )
+                }
+                _ => anyhow::bail!(
+                    "no convergence within {steps} steps (each decision still changed the model); raise --steps or check the plugin"
+                ),
+            }
         }
         Command::Validate { plugin, limits } => {
             let report =

@@ -146,4 +146,30 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
         data.values().any(|v| v == &sha),
         "the pack pins sha256 {sha}: {data:?}"
     );
+
+    // Simulates offline with the host's CLI: its example converges (ConfigMap, then Ready).
+    let simulated = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .args(["simulate", "--json", "--cr"])
+        .arg(dir.join("example.yaml"))
+        .arg(&wasm)
+        .output()
+        .expect("policy-host simulate runs");
+    let stdout = String::from_utf8_lossy(&simulated.stdout);
+    assert!(
+        simulated.status.success(),
+        "policy-host simulate did not converge: {stdout}{}",
+        String::from_utf8_lossy(&simulated.stderr)
+    );
+    let steps: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON step per line"))
+        .collect();
+    assert_eq!(steps[0]["actions"][0], "create ConfigMap demo-config");
+    let ready = |step: &serde_json::Value| step["status"]["conditions"][0]["status"] == "True";
+    assert!(!ready(&steps[0]), "not Ready before the ConfigMap is seen");
+    assert!(steps.iter().any(ready), "Ready once it is: {steps:?}");
+    assert_eq!(
+        steps.last().map(|s| s["converged"].clone()),
+        Some(json!(true))
+    );
 }

@@ -1,5 +1,8 @@
-//! The plugin author's and admin's tools behind `policy-host validate` and `policy-host pack`:
-//! the same checks the host runs when it loads a ConfigMap, offline, with no cluster.
+//! The plugin author's and admin's tools behind `policy-host validate`, `pack` and
+//! `simulate`: the same checks the host runs when it loads a ConfigMap, and the plugin's
+//! reconcile loop against a model, offline, with no cluster.
+
+pub mod simulate;
 
 use std::path::Path;
 
@@ -27,6 +30,9 @@ pub enum CliError {
     /// The pack could not be written.
     #[error("cannot write the pack: {0}")]
     Write(String),
+    /// The simulation's inputs are not usable.
+    #[error("{0}")]
+    Simulate(String),
     /// The pack would not fit a ConfigMap.
     #[error(
         "the packed plugin is {size} bytes, over the {CONFIG_MAP_LIMIT} byte ConfigMap limit; build it with the `plugin` profile (opt-level s, LTO, stripped) to make it smaller"
@@ -157,4 +163,34 @@ pub fn host_defaults() -> PackDefaults {
         limits: Limits::default(),
         concurrency: 8,
     }
+}
+
+/// Loads the plugin at `path` as the host would and runs [`simulate::simulate`], printing each
+/// step (text, or one JSON object per line) as it happens.
+pub async fn simulate_plugin(
+    path: &Path,
+    limits: &LimitsSpec,
+    request: &simulate::SimulateRequest,
+) -> Result<Vec<simulate::Step>, CliError> {
+    let (limits, _) = limits.resolve(&host_defaults()).map_err(CliError::Limits)?;
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let loader = PluginLoader::new(Sandbox::new()?, None);
+    let sha256 = pack::sha256_hex(&bytes);
+    let (plugin, _) = loader
+        .load(&path.display().to_string(), &bytes, &sha256, limits)
+        .await?;
+    let json = request.json;
+    simulate::simulate(&plugin, request, |step| {
+        if json {
+            println!("{}", serde_json::to_string(step).unwrap_or_default());
+        } else {
+            print!("{}", simulate::step_text(step));
+        }
+    })
+    .await
 }

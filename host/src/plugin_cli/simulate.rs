@@ -1,0 +1,515 @@
+//! `policy-host simulate`: a plugin's reconcile loop against an in-memory model of its parent
+//! and children, app-calls answered from a scripted responder file, each decision printed —
+//! so a plugin author sees, with no cluster, what the host would do step by step.
+//!
+//! The model is deliberately small (it is a model, not an API server): an applied child replaces
+//! the stored one (keeping its status), gets the namespace, the controller owner reference and
+//! the host's policy label; deletes remove; `set-status` replaces the parent's status; Events
+//! are printed. A simulated kubelet makes every new Pod Running and Ready with an IP, and
+//! every new PersistentVolumeClaim Bound, one step after it is applied.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::CliError;
+use crate::act::POLICY_LABEL;
+use crate::app_call::{AppCallScope, AppCallScript};
+use crate::decide::Plugin;
+use crate::decide::contract::app_call::{CallError, Method, Response};
+use crate::decide::contract::{Action, Child, EventType, KindRef, Observation, Timestamp};
+
+/// Where the simulation starts the clock when the CR names no time (2026-01-01T00:00:00Z):
+/// a fixed time, so two runs of the same inputs print the same decisions.
+const START_SECONDS: i64 = 1_767_225_600;
+
+/// How far the clock moves between steps when the plugin asks for no requeue.
+const DEFAULT_STEP_MS: u64 = 30_000;
+
+/// What `simulate` was asked to do.
+#[derive(Clone, Debug)]
+pub struct SimulateRequest {
+    /// The parent custom resource (YAML or JSON).
+    pub cr: PathBuf,
+    /// The scripted app-call answers (YAML), if any.
+    pub responses: Option<PathBuf>,
+    /// At most this many decisions.
+    pub steps: u32,
+    /// Print one JSON object per step instead of text.
+    pub json: bool,
+}
+
+/// The responder file: canned answers to app-calls, by pod and path.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Responses {
+    /// One row per pod and path; the last row for a pod and path wins.
+    #[serde(default)]
+    pub app_calls: Vec<ResponseRow>,
+}
+
+/// One canned answer. Method and body of the request are not matched.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResponseRow {
+    /// The pod's name, or `*` for every pod in the model.
+    pub pod: String,
+    /// Path and query, as the plugin sends it.
+    pub path: String,
+    /// HTTP status of the answer (default 200).
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// Body of the answer (default empty).
+    #[serde(default)]
+    pub body: Option<String>,
+    /// Instead of an answer: `unreachable`, `timeout` or `refused`.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl ResponseRow {
+    fn answer(&self) -> Result<Result<Response, CallError>, String> {
+        match self.error.as_deref() {
+            None => Ok(Ok(Response {
+                status: self.status.unwrap_or(200),
+                body: self.body.clone().unwrap_or_default(),
+            })),
+            Some("unreachable") => Ok(Err(CallError::Unreachable(
+                self.body
+                    .clone()
+                    .unwrap_or_else(|| "scripted: unreachable".into()),
+            ))),
+            Some("timeout") => Ok(Err(CallError::Timeout)),
+            Some("refused") => Ok(Err(CallError::Refused(
+                self.body
+                    .clone()
+                    .unwrap_or_else(|| "scripted: refused".into()),
+            ))),
+            Some(other) => Err(format!(
+                "pod `{}` path `{}`: error `{other}` is not one of unreachable, timeout, refused",
+                self.pod, self.path
+            )),
+        }
+    }
+}
+
+/// One step of the simulation, as printed.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// 1-based.
+    pub step: u32,
+    /// The observation's time, RFC 3339.
+    pub now: String,
+    /// Children in the observation.
+    pub children: usize,
+    /// The app-calls the plugin made: `GET /health on example-0 → 200`.
+    pub app_calls: Vec<String>,
+    /// The decision's actions, one line each, or the refusal.
+    pub actions: Vec<String>,
+    /// The parent's status after the step, when it changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Value>,
+    /// Requested requeue.
+    pub requeue_after_ms: Option<u64>,
+    /// The plugin refused or failed: what the host would record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Nothing changed in the model: the plugin is at rest.
+    pub converged: bool,
+}
+
+/// The in-memory world: the parent and the children it controls.
+struct Model {
+    parent: Value,
+    /// (kind display, name) → (kind, object).
+    children: BTreeMap<(String, String), (KindRef, Value)>,
+    declared: Vec<KindRef>,
+    policy: String,
+    next_ip: u32,
+    next_uid: u32,
+}
+
+impl Model {
+    fn namespace(&self) -> String {
+        self.parent["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string()
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "{}/{}",
+            self.namespace(),
+            self.parent["metadata"]["name"].as_str().unwrap_or("?")
+        )
+    }
+
+    fn observation(&self, now: Timestamp) -> Observation {
+        let mut children = Vec::new();
+        for kind in &self.declared {
+            for ((key, _), (child_kind, object)) in &self.children {
+                if *key == kind.to_string() {
+                    children.push(Child {
+                        kind: child_kind.clone(),
+                        object: object.to_string(),
+                    });
+                }
+            }
+        }
+        Observation {
+            parent: self.parent.to_string(),
+            children,
+            now,
+        }
+    }
+
+    fn pod_names(&self) -> Vec<String> {
+        self.children
+            .values()
+            .filter(|(kind, _)| kind.group.is_empty() && kind.kind == "Pod")
+            .filter_map(|(_, o)| o["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// The simulated kubelet and volume binder: new Pods run, new claims bind.
+    fn settle(&mut self) {
+        for (kind, object) in self.children.values_mut() {
+            if !kind.group.is_empty() || object.get("status").is_some() {
+                continue;
+            }
+            match kind.kind.as_str() {
+                "Pod" => {
+                    self.next_ip += 1;
+                    let ip = format!("10.0.{}.{}", self.next_ip / 250, self.next_ip % 250 + 1);
+                    let containers: Vec<Value> = object["spec"]["containers"]
+                        .as_array()
+                        .map(|cs| {
+                            cs.iter()
+                                .map(|c| json!({"name": c["name"], "image": c["image"], "ready": true, "restartCount": 0, "started": true, "state": {"running": {}}}))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    object["status"] = json!({
+                        "phase": "Running",
+                        "podIP": ip,
+                        "podIPs": [{"ip": ip}],
+                        "conditions": [
+                            {"type": "Ready", "status": "True"},
+                            {"type": "ContainersReady", "status": "True"},
+                        ],
+                        "containerStatuses": containers,
+                    });
+                }
+                "PersistentVolumeClaim" => object["status"] = json!({"phase": "Bound"}),
+                _ => {}
+            }
+        }
+    }
+
+    /// Carries out one action the way the host would; an error is what the host would refuse.
+    fn act(&mut self, action: &Action) -> Result<String, String> {
+        match action {
+            Action::Apply(text) => {
+                let mut object: Value = serde_json::from_str(text)
+                    .map_err(|e| format!("apply: the object is not JSON: {e}"))?;
+                let api_version = object["apiVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
+                let name = object["metadata"]["name"]
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .ok_or("apply: the object has no metadata.name")?
+                    .to_string();
+                let kind = self
+                    .declared
+                    .iter()
+                    .find(|k| k.matches(&api_version, &kind_name))
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!(
+                            "apply {kind_name} {name}: {api_version}/{kind_name} is not a child kind the plugin declared; the host refuses it"
+                        )
+                    })?;
+                let key = (kind.to_string(), name.clone());
+                let existing = self.children.get(&key).map(|(_, o)| o.clone());
+                let uid = match &existing {
+                    Some(old) => old["metadata"]["uid"].clone(),
+                    None => {
+                        self.next_uid += 1;
+                        json!(format!("sim-{:08}", self.next_uid))
+                    }
+                };
+                let metadata = &mut object["metadata"];
+                metadata["namespace"] = json!(self.namespace());
+                metadata["uid"] = uid;
+                metadata["labels"][POLICY_LABEL] = json!(self.policy);
+                metadata["ownerReferences"] = json!([{
+                    "apiVersion": self.parent["apiVersion"],
+                    "kind": self.parent["kind"],
+                    "name": self.parent["metadata"]["name"],
+                    "uid": self.parent["metadata"]["uid"],
+                    "controller": true,
+                    "blockOwnerDeletion": true,
+                }]);
+                if let Some(status) = existing.as_ref().and_then(|o| o.get("status")) {
+                    object["status"] = status.clone();
+                }
+                let verb = if existing.is_some() {
+                    "apply"
+                } else {
+                    "create"
+                };
+                let changed = existing.as_ref() != Some(&object);
+                self.children.insert(key, (kind.clone(), object));
+                Ok(format!(
+                    "{verb} {} {name}{}",
+                    kind.kind,
+                    if changed { "" } else { " (unchanged)" }
+                ))
+            }
+            Action::Delete(target) => {
+                let key = (target.kind.to_string(), target.name.clone());
+                match self.children.remove(&key) {
+                    Some(_) => Ok(format!("delete {} {}", target.kind.kind, target.name)),
+                    None => Ok(format!(
+                        "delete {} {} (absent: nothing to do)",
+                        target.kind.kind, target.name
+                    )),
+                }
+            }
+            Action::SetStatus(text) => {
+                let status: Value = serde_json::from_str(text)
+                    .map_err(|e| format!("set-status: the status is not JSON: {e}"))?;
+                self.parent["status"] = status;
+                Ok("set-status".to_string())
+            }
+            Action::RecordEvent(event) => Ok(format!(
+                "event {} {}: {}",
+                match event.event_type {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                },
+                event.reason,
+                event.message
+            )),
+        }
+    }
+
+    fn script(&self, rows: &[ResponseRow]) -> Result<AppCallScript, String> {
+        let pods = self.pod_names();
+        let mut script = Vec::new();
+        for row in rows {
+            let answer = row.answer()?;
+            let targets = if row.pod == "*" {
+                pods.clone()
+            } else {
+                vec![row.pod.clone()]
+            };
+            for pod in targets {
+                script.push((pod, row.path.clone(), answer.clone()));
+            }
+        }
+        Ok(AppCallScript::new(script))
+    }
+
+    /// Everything that a decision can change, to tell a step that changed nothing.
+    fn snapshot(&self) -> Value {
+        json!({ "status": self.parent.get("status"), "children": self.children.values().map(|(_, o)| o).collect::<Vec<_>>() })
+    }
+}
+
+fn read_yaml(path: &Path, what: &str) -> Result<Value, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::Simulate(format!("cannot read the {what} {}: {e}", path.display()))
+    })?;
+    serde_yaml::from_str(&text).map_err(|e| {
+        CliError::Simulate(format!(
+            "the {what} {} is not valid YAML or JSON: {e}",
+            path.display()
+        ))
+    })
+}
+
+fn timestamp_text(t: &Timestamp) -> String {
+    k8s_openapi::jiff::Timestamp::new(t.seconds, 0)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| t.seconds.to_string())
+}
+
+/// Runs the simulation and returns its steps; `print` sees each step as it happens.
+pub async fn simulate(
+    plugin: &Plugin,
+    request: &SimulateRequest,
+    mut print: impl FnMut(&Step),
+) -> Result<Vec<Step>, CliError> {
+    let info = plugin.info();
+    let mut parent = read_yaml(&request.cr, "custom resource")?;
+    let (api_version, kind) = (
+        parent["apiVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        parent["kind"].as_str().unwrap_or_default().to_string(),
+    );
+    if !info.target.matches(&api_version, &kind) {
+        return Err(CliError::Simulate(format!(
+            "{} is a {api_version} {kind}, but plugin {} reconciles {} {}; give it a custom resource of that kind",
+            request.cr.display(),
+            plugin.label(),
+            info.target.api_version(),
+            info.target.kind
+        )));
+    }
+    if parent["metadata"]["name"]
+        .as_str()
+        .is_none_or(str::is_empty)
+    {
+        return Err(CliError::Simulate(format!(
+            "{} has no metadata.name; name the custom resource",
+            request.cr.display()
+        )));
+    }
+    let metadata = &mut parent["metadata"];
+    if metadata["namespace"].as_str().is_none() {
+        metadata["namespace"] = json!("default");
+    }
+    metadata["uid"] = json!("sim-parent");
+    if metadata["generation"].as_i64().is_none() {
+        metadata["generation"] = json!(1);
+    }
+    let rows = match &request.responses {
+        Some(path) => {
+            let value = read_yaml(path, "responder file")?;
+            serde_json::from_value::<Responses>(value)
+                .map_err(|e| {
+                    CliError::Simulate(format!(
+                        "the responder file {} is not valid: {e}; see `policy-host simulate --help`",
+                        path.display()
+                    ))
+                })?
+                .app_calls
+        }
+        None => Vec::new(),
+    };
+    let mut model = Model {
+        parent,
+        children: BTreeMap::new(),
+        declared: info.children.clone(),
+        policy: info.name.clone(),
+        next_ip: 0,
+        next_uid: 0,
+    };
+    let mut now = Timestamp {
+        seconds: START_SECONDS,
+        nanoseconds: 0,
+    };
+    let mut steps = Vec::new();
+    for number in 1..=request.steps {
+        let script = model.script(&rows).map_err(CliError::Simulate)?;
+        let scope = AppCallScope::scripted(model.label(), script.clone());
+        let observation = model.observation(now);
+        let doing = format!("simulating {}", model.label());
+        let outcome = plugin.reconcile(&observation, scope, &doing).await;
+        let calls: Vec<String> = script
+            .calls()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} on {}:{}",
+                    method_text(&c.method),
+                    c.path,
+                    c.pod,
+                    c.port
+                )
+            })
+            .collect();
+        let before = model.snapshot();
+        let mut step = Step {
+            step: number,
+            now: timestamp_text(&now),
+            children: observation.children.len(),
+            app_calls: calls,
+            actions: Vec::new(),
+            status: None,
+            requeue_after_ms: None,
+            error: None,
+            converged: false,
+        };
+        match outcome {
+            Err(error) => {
+                step.error = Some(format!(
+                    "{error} (the host would record it as a Warning Event and retry with backoff)"
+                ));
+            }
+            Ok(decision) => {
+                step.requeue_after_ms = decision.requeue_after_ms;
+                for action in &decision.actions {
+                    match model.act(action) {
+                        Ok(line) => step.actions.push(line),
+                        Err(refusal) => {
+                            step.error = Some(format!("the host refuses: {refusal}"));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let after = model.snapshot();
+        if before["status"] != after["status"] {
+            step.status = model.parent.get("status").cloned();
+        }
+        step.converged = step.error.is_none() && before == after;
+        let stop = step.converged || step.error.is_some();
+        let advance = step.requeue_after_ms.unwrap_or(DEFAULT_STEP_MS);
+        print(&step);
+        steps.push(step);
+        if stop {
+            break;
+        }
+        model.settle();
+        let millis = i64::try_from(advance).unwrap_or(i64::MAX);
+        now.seconds = now.seconds.saturating_add(millis / 1000);
+    }
+    Ok(steps)
+}
+
+fn method_text(method: &Method) -> &'static str {
+    match method {
+        Method::Get => "GET",
+        Method::Post => "POST",
+        Method::Put => "PUT",
+        Method::Delete => "DELETE",
+    }
+}
+
+/// A step as text: the header, then one indented line per app-call and action.
+pub fn step_text(step: &Step) -> String {
+    let mut text = format!(
+        "step {} at {} ({} children observed)\n",
+        step.step, step.now, step.children
+    );
+    for call in &step.app_calls {
+        text.push_str(&format!("  app-call  {call}\n"));
+    }
+    for action in &step.actions {
+        text.push_str(&format!("  {action}\n"));
+    }
+    if let Some(status) = &step.status {
+        text.push_str(&format!("  status    {status}\n"));
+    }
+    if let Some(error) = &step.error {
+        text.push_str(&format!("  ERROR     {error}\n"));
+    }
+    match (step.converged, step.requeue_after_ms) {
+        (true, _) => text.push_str("  converged: this decision changes nothing\n"),
+        (false, Some(ms)) => text.push_str(&format!("  requeue after {ms} ms\n")),
+        (false, None) => {}
+    }
+    text
+}
