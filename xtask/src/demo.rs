@@ -99,6 +99,8 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         .args(["run", "--policy"])
         .arg(&plugin)
         .args(["--admin-addr", "127.0.0.1:0"])
+        // Plugin ConfigMaps applied in the demo namespace load too (README: your own plugin).
+        .args(["--plugin-namespace", NAMESPACE])
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&host_log)?)
@@ -150,7 +152,7 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         .etcd_dir(binaries.default_etcd_version())
         .unwrap_or_default();
     println!(
-        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc      # if you have a kubectl\n  etcdctl --endpoints http://<pod IP>:2379 member list -w table\n\nLogs: policy-host {}, pods {}/pods, control plane {}/control-plane\nPress Ctrl-C to tear everything down.\n",
+        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc      # if you have a kubectl\n  etcdctl --endpoints http://<pod IP>:2379 member list -w table\n  kubectl apply -f my-plugin.yaml # a plugin ConfigMap (policy-host pack) loads here too\n\nLogs: policy-host {}, pods {}/pods, control plane {}/control-plane\nPress Ctrl-C to tear everything down.\n",
         control_plane.kubeconfig_path().display(),
         kube_dir.display(),
         etcd_dir.display(),
