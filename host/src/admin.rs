@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 
 use crate::metrics::Metrics;
-use crate::policy_store::{LoadedPolicy, PolicyStore};
+use crate::policy_store::PolicyStore;
 
 /// Whether the host has loaded its policies and started their controllers.
 #[derive(Clone, Default)]
@@ -89,46 +89,17 @@ async fn plugins_json(
         .store
         .list()
         .iter()
-        .map(|p| describe(p.as_ref(), "active"))
+        .map(|p| p.summary("active"))
         .chain(
             state
                 .store
                 .list_shadows()
                 .iter()
-                .map(|p| describe(p.as_ref(), "shadow")),
+                .map(|p| p.summary("shadow")),
         )
         .collect();
     (
         [("content-type", "application/json")],
         serde_json::Value::Array(plugins).to_string(),
     )
-}
-
-/// The `/plugins` entry of one loaded plugin; `mode` is `active` or `shadow`.
-pub fn describe(policy: &LoadedPolicy, mode: &str) -> serde_json::Value {
-    let info = policy.plugin.info();
-    let limits = policy.plugin.limits();
-    let since = k8s_openapi::jiff::Timestamp::try_from(policy.loaded_at)
-        .map(|t| t.to_string())
-        .unwrap_or_default();
-    serde_json::json!({
-        "name": info.name,
-        "version": info.version,
-        "mode": mode,
-        "sha256": policy.plugin.content_sha256(),
-        "target": info.target.to_string(),
-        "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
-        "source": policy.source,
-        "since": since,
-        "grants": {
-            "appCall": policy.grants.app_call_ports,
-            "exchange": policy.grants.exchange_ports,
-        },
-        "limits": {
-            "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
-            "memoryMiB": limits.memory_bytes >> 20,
-            "outputKiB": limits.output_bytes >> 10,
-        },
-        "concurrency": policy.concurrency,
-    })
 }

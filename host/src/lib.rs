@@ -175,7 +175,7 @@ pub async fn run(
     if let Some(namespace) = settings.plugin_namespace.clone() {
         let source = ConfigMapSource::new(
             client.clone(),
-            namespace,
+            namespace.clone(),
             loader.clone(),
             store.clone(),
             metrics.clone(),
@@ -185,6 +185,12 @@ pub async fn run(
             },
         );
         tasks.spawn(source.run(shutdown.clone()));
+        tasks.spawn(load::status::publish(
+            client.clone(),
+            namespace,
+            store.clone(),
+            shutdown.clone(),
+        ));
     }
     readiness.set_ready();
     on_started(&Running {

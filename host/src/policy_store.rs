@@ -84,6 +84,37 @@ pub struct LoadedPolicy {
 }
 
 impl LoadedPolicy {
+    /// What is loaded, as `/plugins` and the status ConfigMap show it; `mode` is `active` or
+    /// `shadow`.
+    pub fn summary(&self, mode: &str) -> serde_json::Value {
+        let policy = self;
+        let info = policy.plugin.info();
+        let limits = policy.plugin.limits();
+        let since = k8s_openapi::jiff::Timestamp::try_from(policy.loaded_at)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        serde_json::json!({
+            "name": info.name,
+            "version": info.version,
+            "mode": mode,
+            "sha256": policy.plugin.content_sha256(),
+            "target": info.target.to_string(),
+            "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+            "source": policy.source,
+            "since": since,
+            "grants": {
+                "appCall": policy.grants.app_call_ports,
+                "exchange": policy.grants.exchange_ports,
+            },
+            "limits": {
+                "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
+                "memoryMiB": limits.memory_bytes >> 20,
+                "outputKiB": limits.output_bytes >> 10,
+            },
+            "concurrency": policy.concurrency,
+        })
+    }
+
     /// The key the store files it under: the plugin's name.
     pub fn name(&self) -> &str {
         &self.plugin.info().name
@@ -198,6 +229,11 @@ impl PolicyStore {
             .values()
             .find(|p| p.plugin.info().target.to_string() == target)
             .cloned()
+    }
+
+    /// A receiver that sees every change to the shadows.
+    pub fn subscribe_shadows(&self) -> watch::Receiver<BTreeMap<String, Arc<LoadedPolicy>>> {
+        self.shadows.subscribe()
     }
 
     /// A receiver that sees every change to the store.

@@ -12,11 +12,12 @@
 //!    `describe()`.
 //!
 //! [`config_maps`] watches labelled ConfigMaps and feeds the store; files given with
-//! `--policy` use [`load_file`].
+//! `--policy` use [`load_file`]. [`status`] publishes what is loaded back into a ConfigMap.
 
 pub mod artifact_cache;
 pub mod config_maps;
 pub mod pack;
+pub mod status;
 
 use std::path::Path;
 use std::time::SystemTime;

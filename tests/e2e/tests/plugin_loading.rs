@@ -126,6 +126,30 @@ async fn pack_event(events: &Api<Event>, reason: &str) -> anyhow::Result<Event> 
     .await?)
 }
 
+/// Waits until the host's status ConfigMap has `key` with `fragment` in it (or, with `None`,
+/// no `key` at all).
+async fn status_entry(
+    config_maps: &Api<ConfigMap>,
+    key: &str,
+    fragment: Option<&str>,
+) -> anyhow::Result<()> {
+    wait_for(
+        &format!("policy-host-status key {key}: {fragment:?}"),
+        WAIT,
+        || async {
+            let cm = config_maps.get_opt("policy-host-status").await.ok()??;
+            let entry = cm.data.unwrap_or_default().get(key).cloned();
+            match (fragment, entry) {
+                (None, None) => Some(()),
+                (Some(fragment), Some(text)) if text.contains(fragment) => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 async fn get(url: &str) -> anyhow::Result<String> {
     Ok(policy_host::app_call::http_client()
         .get(url)
@@ -176,6 +200,7 @@ async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> 
     apply_probe(&api, "first", "a").await?;
     wait_decided_by(&api, "first", "1.0.0").await?;
     pack_event(&events, "PluginLoaded").await?;
+    status_entry(&config_maps, "misbehaving", Some("version: 1.0.0")).await?;
     let listed = loaded_plugins(admin).await?;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["name"], "misbehaving");
@@ -194,6 +219,7 @@ async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> 
     apply_probe(&api, "second", "a").await?;
     wait_decided_by(&api, "second", "2.0.0").await?;
     pack_event(&events, "PluginSwapped").await?;
+    status_entry(&config_maps, "misbehaving", Some("version: 2.0.0")).await?;
 
     // Broken v3s: each refused with an Event saying why; v2 keeps deciding.
     let mut pinned_wrong = packed(&v1)?;
@@ -249,6 +275,7 @@ async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> 
     })
     .await?;
     assert!(loaded_plugins(admin).await?.is_empty());
+    status_entry(&config_maps, "misbehaving", None).await?;
     // A parent created now gets no decision. (A bounded wait for something that must *not*
     // happen; the controller is already known stopped, so this only guards against a leak.)
     apply_probe(&api, "after-unload", "a").await?;
@@ -324,6 +351,7 @@ async fn a_shadow_compares_without_acting_and_is_promoted_by_one_field() -> anyh
         note.contains("misbehaving@2.0.0"),
         "the Event names the active plugin it shadows: {note}"
     );
+    status_entry(&config_maps, "misbehaving.shadow", Some("mode: shadow")).await?;
     let listed = loaded_plugins(admin).await?;
     let modes: Vec<(String, String)> = listed
         .iter()
