@@ -14,6 +14,38 @@ use serde_json::{Value, json};
 use crate::decide::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::Observed;
 
+/// An object a plugin asked to apply, with what identifies it.
+pub struct AppliedObject {
+    /// The object.
+    pub object: Value,
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `metadata.name`, never empty.
+    pub name: String,
+}
+
+impl AppliedObject {
+    /// Parses an `apply` action's JSON; the error says what is missing.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let object: Value = serde_json::from_str(json)
+            .map_err(|e| format!("an applied object is not valid JSON: {e}"))?;
+        let text = |value: &Value| value.as_str().unwrap_or_default().to_string();
+        let (api_version, kind) = (text(&object["apiVersion"]), text(&object["kind"]));
+        let name = text(&object["metadata"]["name"]);
+        if name.is_empty() {
+            return Err(format!("an applied {kind} has no metadata.name"));
+        }
+        Ok(Self {
+            object,
+            api_version,
+            kind,
+            name,
+        })
+    }
+}
+
 /// The field manager of every server-side apply the host makes.
 pub const FIELD_MANAGER: &str = "policy-host";
 
@@ -152,20 +184,12 @@ impl Executor {
 
     /// Server-side applies one child with the parent as its controller.
     async fn apply_child(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
-        let mut object: Value = serde_json::from_str(json)
-            .map_err(|e| self.refused(format!("an applied object is not valid JSON: {e}")))?;
-        let api_version = object["apiVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if name.is_empty() {
-            return Err(self.refused(format!("an applied {kind_name} has no metadata.name")));
-        }
+        let AppliedObject {
+            mut object,
+            api_version,
+            kind: kind_name,
+            name,
+        } = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
         let kind = self.declared(&api_version, &kind_name).cloned().ok_or_else(|| {
             self.refused(format!(
                 "it applied {api_version}/{kind_name} `{name}`, a kind it did not declare as a child"

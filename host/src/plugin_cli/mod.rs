@@ -7,7 +7,7 @@ pub mod simulate;
 use std::path::Path;
 
 use crate::decide::contract::CONTRACT_VERSION;
-use crate::decide::{Limits, Sandbox};
+use crate::decide::{Limits, Plugin, Sandbox};
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
 use crate::policy_store::{Grants, capability_text};
@@ -43,13 +43,9 @@ pub enum CliError {
     },
 }
 
-/// What `validate` found: the self-description and the checks it passed, as JSON.
-pub async fn validate(
-    path: &Path,
-    limits: &LimitsSpec,
-    defaults: &PackDefaults,
-) -> Result<serde_json::Value, CliError> {
-    let (limits, concurrency) = limits.resolve(defaults).map_err(CliError::Limits)?;
+/// Reads and loads the plugin at `path` the way the host loads one: every check, then
+/// `describe()`. Returns the plugin and its bytes.
+async fn load_plugin_file(path: &Path, limits: Limits) -> Result<(Plugin, Vec<u8>), CliError> {
     let bytes = tokio::fs::read(path)
         .await
         .map_err(|source| LoadError::Read {
@@ -59,8 +55,19 @@ pub async fn validate(
     let loader = PluginLoader::new(Sandbox::new()?, None);
     let sha256 = pack::sha256_hex(&bytes);
     let (plugin, _) = loader
-        .load(&path.display().to_string(), &bytes, &sha256, limits.clone())
+        .load(&path.display().to_string(), &bytes, &sha256, limits)
         .await?;
+    Ok((plugin, bytes))
+}
+
+/// What `validate` found: the self-description and the checks it passed, as JSON.
+pub async fn validate(
+    path: &Path,
+    limits: &LimitsSpec,
+    defaults: &PackDefaults,
+) -> Result<serde_json::Value, CliError> {
+    let (limits, concurrency) = limits.resolve(defaults).map_err(CliError::Limits)?;
+    let (plugin, bytes) = load_plugin_file(path, limits.clone()).await?;
     let packed = pack::to_config_map(&bytes, &PackOptions::default())
         .map_err(|e| CliError::Write(e.to_string()))?;
     let packed_size = serde_json::to_vec(&packed).map_or(0, |v| v.len());
@@ -71,7 +78,7 @@ pub async fn validate(
         "world": "policy-plugin",
         "name": info.name,
         "version": info.version,
-        "sha256": sha256,
+        "sha256": plugin.content_sha256(),
         "target": info.target.to_string(),
         "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         "capabilities": info.capabilities.iter().map(capability_text).collect::<Vec<_>>(),
@@ -112,17 +119,7 @@ pub async fn pack(
     defaults: &PackDefaults,
 ) -> Result<String, CliError> {
     let (limits, _) = request.limits.resolve(defaults).map_err(CliError::Limits)?;
-    let bytes = tokio::fs::read(path)
-        .await
-        .map_err(|source| LoadError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-    let loader = PluginLoader::new(Sandbox::new()?, None);
-    let sha256 = pack::sha256_hex(&bytes);
-    let (plugin, _) = loader
-        .load(&path.display().to_string(), &bytes, &sha256, limits)
-        .await?;
+    let (plugin, bytes) = load_plugin_file(path, limits).await?;
     let mut grants = request.grants.clone();
     if request.grant_requested {
         for capability in &plugin.info().capabilities {
@@ -150,8 +147,9 @@ pub async fn pack(
         return Err(CliError::TooLarge { size });
     }
     let header = format!(
-        "# {} packed by `policy-host pack` (sha256 {sha256}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
-        plugin.label()
+        "# {} packed by `policy-host pack` (sha256 {}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+        plugin.label(),
+        plugin.content_sha256()
     );
     let yaml = serde_yaml::to_string(&config_map).map_err(|e| CliError::Write(e.to_string()))?;
     Ok(format!("{header}{yaml}"))
@@ -173,17 +171,7 @@ pub async fn simulate_plugin(
     request: &simulate::SimulateRequest,
 ) -> Result<Vec<simulate::Step>, CliError> {
     let (limits, _) = limits.resolve(&host_defaults()).map_err(CliError::Limits)?;
-    let bytes = tokio::fs::read(path)
-        .await
-        .map_err(|source| LoadError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-    let loader = PluginLoader::new(Sandbox::new()?, None);
-    let sha256 = pack::sha256_hex(&bytes);
-    let (plugin, _) = loader
-        .load(&path.display().to_string(), &bytes, &sha256, limits)
-        .await?;
+    let (plugin, _) = load_plugin_file(path, limits).await?;
     let json = request.json;
     simulate::simulate(&plugin, request, |step| {
         if json {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::CliError;
-use crate::act::POLICY_LABEL;
+use crate::act::{AppliedObject, POLICY_LABEL};
 use crate::app_call::{AppCallScope, AppCallScript};
 use crate::decide::Plugin;
 use crate::decide::contract::app_call::{CallError, Method, Response};
@@ -214,18 +214,12 @@ impl Model {
     fn act(&mut self, action: &Action) -> Result<String, String> {
         match action {
             Action::Apply(text) => {
-                let mut object: Value = serde_json::from_str(text)
-                    .map_err(|e| format!("apply: the object is not JSON: {e}"))?;
-                let api_version = object["apiVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                let kind_name = object["kind"].as_str().unwrap_or_default().to_string();
-                let name = object["metadata"]["name"]
-                    .as_str()
-                    .filter(|n| !n.is_empty())
-                    .ok_or("apply: the object has no metadata.name")?
-                    .to_string();
+                let AppliedObject {
+                    mut object,
+                    api_version,
+                    kind: kind_name,
+                    name,
+                } = AppliedObject::parse(text)?;
                 let kind = self
                     .declared
                     .iter()

@@ -107,23 +107,7 @@ async fn wait_decided_by(
 }
 
 async fn pack_event(events: &Api<Event>, reason: &str) -> anyhow::Result<Event> {
-    Ok(wait_for(
-        &format!("a {reason} Event on the pack ConfigMap"),
-        WAIT,
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(PACK)
-                        && e.reason.as_deref() == Some(reason)
-                })
-        },
-    )
-    .await?)
+    event_about(events, PACK, reason).await
 }
 
 /// Waits until the host's status ConfigMap has `key` with `fragment` in it (or, with `None`,
