@@ -10,10 +10,10 @@
 //!
 //! The host sets namespaces and owner references itself; nothing here sets them.
 
-use serde::Deserialize;
+use policy_host_sdk::pods::ObservedPod;
+use policy_host_sdk::{Observation, PolicyError};
 use serde_json::{Value, json};
 
-use policy_host_sdk::Child;
 /// The kinds of the children: member and backup pods, the two services, the claims, the
 /// budget.
 pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
@@ -28,6 +28,8 @@ pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Label of member pods and claims: `etcd.database.coreos.com/member: <pod>`.
 pub const LABEL_MEMBER: &str = "etcd.database.coreos.com/member";
+/// The container that runs etcd in a member pod.
+pub const ETCD_CONTAINER: &str = "etcd";
 /// etcd's client port.
 pub const CLIENT_PORT: u16 = 2379;
 /// etcd's peer port.
@@ -254,7 +256,7 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
         format!("--initial-cluster-token={}", cluster.name),
     ];
     let mut container = json!({
-        "name": "etcd",
+        "name": ETCD_CONTAINER,
         "image": spec.image,
         "command": ["/usr/local/bin/etcd"],
         "args": args,
@@ -317,8 +319,8 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
     let container = spec["containers"]
         .as_array()?
         .iter()
-        .find(|c| c["name"] == "etcd")?;
-    let mut etcd = json!({"name": "etcd", "image": image});
+        .find(|c| c["name"] == ETCD_CONTAINER)?;
+    let mut etcd = json!({"name": ETCD_CONTAINER, "image": image});
     for key in [
         "command",
         "args",
@@ -509,39 +511,6 @@ pub fn member_claim(cluster: &ClusterRef, spec: &ValidSpec, pod: &str) -> Option
     }))
 }
 
-/// A member pod as observed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObservedPod {
-    /// Pod name.
-    pub name: String,
-    /// `status.phase` (`Pending`, `Running`, `Failed`, ...), empty if unknown.
-    pub phase: String,
-    /// Whether the `Ready` condition is `True`.
-    pub ready: bool,
-    /// Whether the pod is being deleted (`metadata.deletionTimestamp` set).
-    pub terminating: bool,
-    /// Image of the `etcd` container in the pod's spec.
-    pub image: String,
-    /// How many times the `etcd` container restarted.
-    pub restarts: i64,
-    /// Whether the `etcd` container waits in `CrashLoopBackOff` (it keeps exiting).
-    pub crash_loop_back_off: bool,
-    /// The whole pod as observed (to re-apply it with a new image).
-    pub object: Value,
-}
-
-impl ObservedPod {
-    /// A pod that will not come back by itself: it failed, or it is going away.
-    pub fn is_gone(&self) -> bool {
-        self.terminating || self.phase == "Failed" || self.phase == "Succeeded"
-    }
-
-    /// The backup trigger a backup pod runs for.
-    pub fn trigger(&self) -> Option<&str> {
-        self.object["metadata"]["annotations"][ANNOTATION_TRIGGER].as_str()
-    }
-}
-
 /// The children of one EtcdCluster, as observed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObservedChildren {
@@ -553,126 +522,30 @@ pub struct ObservedChildren {
     pub claims: Vec<String>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ObjectMeta {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    deletion_timestamp: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct PodObject {
-    #[serde(default)]
-    metadata: ObjectMeta,
-    #[serde(default)]
-    spec: Option<PodSpec>,
-    #[serde(default)]
-    status: Option<PodStatus>,
-}
-
-#[derive(Deserialize, Default)]
-struct PodSpec {
-    #[serde(default)]
-    containers: Vec<Container>,
-}
-
-#[derive(Deserialize)]
-struct Container {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    image: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct PodStatus {
-    #[serde(default)]
-    phase: String,
-    #[serde(default)]
-    conditions: Vec<PodCondition>,
-    #[serde(default)]
-    container_statuses: Vec<ContainerStatus>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ContainerStatus {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    restart_count: i64,
-    #[serde(default)]
-    state: Value,
-}
-
-#[derive(Deserialize)]
-struct PodCondition {
-    #[serde(rename = "type", default)]
-    type_: String,
-    #[serde(default)]
-    status: String,
-}
-
-#[derive(Deserialize)]
-struct AnyObject {
-    #[serde(default)]
-    metadata: ObjectMeta,
-}
-
 impl ObservedChildren {
-    /// Reads the children the plugin cares about; other kinds are ignored. A child that is
-    /// not valid JSON is an error naming it (the host sends objects it got from the API
-    /// server, so this means a host bug).
-    pub fn read(children: &[Child]) -> Result<Self, String> {
-        let mut observed = ObservedChildren::default();
-        for child in children {
-            if child.kind.is("", "Pod") {
-                let object: Value = serde_json::from_str(&child.object)
-                    .map_err(|e| format!("a Pod child is not JSON: {e}"))?;
-                let pod: PodObject = serde_json::from_value(object.clone())
-                    .map_err(|e| format!("a Pod child is not a Pod object: {e}"))?;
-                let status = pod.status.unwrap_or_default();
-                let image = pod
-                    .spec
+    /// Reads the pods and the names of the claims; other kinds are ignored. A child that is
+    /// not an object of its kind is an error naming it (the host sends objects it got from
+    /// the API server, so this means a host bug).
+    pub fn read(observation: &Observation) -> Result<Self, PolicyError> {
+        let (backup_pods, pods) = observation
+            .pods()?
+            .into_iter()
+            .partition(|p| p.label(LABEL_ROLE) == Some("backup"));
+        let mut claims = observation
+            .children_of_kind(&pvc_kind())
+            .map(|c| {
+                Ok(c.parse::<Value>()?["metadata"]["name"]
+                    .as_str()
                     .unwrap_or_default()
-                    .containers
-                    .into_iter()
-                    .find(|c| c.name == "etcd")
-                    .map(|c| c.image)
-                    .unwrap_or_default();
-                let backup = object["metadata"]["labels"][LABEL_ROLE] == "backup";
-                let list = if backup {
-                    &mut observed.backup_pods
-                } else {
-                    &mut observed.pods
-                };
-                let etcd = status.container_statuses.iter().find(|c| c.name == "etcd");
-                list.push(ObservedPod {
-                    restarts: etcd.map_or(0, |c| c.restart_count),
-                    crash_loop_back_off: etcd
-                        .is_some_and(|c| c.state["waiting"]["reason"] == "CrashLoopBackOff"),
-                    ready: status
-                        .conditions
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True"),
-                    phase: status.phase,
-                    terminating: pod.metadata.deletion_timestamp.is_some(),
-                    name: pod.metadata.name,
-                    image,
-                    object,
-                });
-            } else if child.kind.is("", "PersistentVolumeClaim") {
-                let claim: AnyObject = serde_json::from_str(&child.object)
-                    .map_err(|e| format!("a PersistentVolumeClaim child is not an object: {e}"))?;
-                observed.claims.push(claim.metadata.name);
-            }
-        }
-        observed.pods.sort_by(|a, b| a.name.cmp(&b.name));
-        observed.claims.sort();
-        Ok(observed)
+                    .to_owned())
+            })
+            .collect::<Result<Vec<String>, PolicyError>>()?;
+        claims.sort();
+        Ok(ObservedChildren {
+            pods,
+            backup_pods,
+            claims,
+        })
     }
 
     /// The observed pod with this name.

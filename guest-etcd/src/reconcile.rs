@@ -22,11 +22,13 @@
 //! replacement.
 
 use policy_host_sdk::conditions::{Condition, already_set, rfc3339, set_condition};
+use policy_host_sdk::pods::ObservedPod;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::children::{
-    self, ClusterRef, ClusterState, MemberPod, ObservedChildren, ObservedPod, quorum,
+    self, ANNOTATION_TRIGGER, ClusterRef, ClusterState, ETCD_CONTAINER, MemberPod,
+    ObservedChildren, quorum,
 };
 use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList};
 use crate::protocol::{Action, Decision, Event, EventType, Observation, PolicyError, Timestamp};
@@ -125,8 +127,7 @@ pub fn reconcile(
     etcd: &mut impl EtcdApi,
 ) -> Result<Decision, PolicyError> {
     let parent = read_parent(&observation.parent)?;
-    let children = ObservedChildren::read(&observation.children)
-        .map_err(|m| PolicyError::new("BadObservation", format!("{m}; this is a host bug")))?;
+    let children = ObservedChildren::read(observation)?;
     let spec = match parent.spec.clone().and_then(|s| s.validate()) {
         Ok(spec) => spec,
         Err(message) => return Ok(invalid_spec(&parent, message, observation.now)),
@@ -603,7 +604,9 @@ impl<'a> Step<'a> {
         };
         match pod {
             // Finished and recorded, or left from an older trigger.
-            Some(pod) if done || pod.trigger() != Some(trigger) => delete(self, pod),
+            Some(pod) if done || pod.annotation(ANNOTATION_TRIGGER) != Some(trigger) => {
+                delete(self, pod)
+            }
             Some(pod) if pod.phase == "Succeeded" || pod.phase == "Failed" => {
                 let succeeded = pod.phase == "Succeeded";
                 let file = self.cluster.snapshot_file(trigger);
@@ -761,8 +764,8 @@ impl<'a> Step<'a> {
                 .find(|p| {
                     !p.terminating
                         && !p.ready
-                        && p.crash_loop_back_off
-                        && p.restarts >= CRASH_LOOP_RESTARTS
+                        && p.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
+                        && p.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
                 })
         {
             self.delete_member_pod(&pod.name);
@@ -771,7 +774,8 @@ impl<'a> Step<'a> {
                 "MemberCrashLooping",
                 format!(
                     "member {} restarted {} times without becoming Ready; replacing it with a fresh member (its logs say why)",
-                    pod.name, pod.restarts
+                    pod.name,
+                    pod.restarts(ETCD_CONTAINER)
                 ),
             );
             self.progressing(
@@ -908,20 +912,23 @@ impl<'a> Step<'a> {
     /// leader last, each restarted in place with the new image only after every member
     /// already restarted runs the new version and is Ready.
     fn upgrade(&mut self, etcd: &mut impl EtcdApi, members: &[MemberInPod], leader: u64) {
-        let image = &self.spec.image;
+        let image = self.spec.image.as_str();
         let pods: Vec<(&Member, &ObservedPod)> = members
             .iter()
             .filter_map(|m| Some((m.member, self.children.pod(m.pod.as_deref()?)?)))
             .collect();
         let mut outdated: Vec<(&Member, &ObservedPod)> = pods
             .iter()
-            .filter(|(_, p)| &p.image != image)
+            .filter(|(_, p)| p.image(ETCD_CONTAINER) != Some(image))
             .copied()
             .collect();
         if outdated.is_empty() {
             return;
         }
-        for (_, pod) in pods.iter().filter(|(_, p)| &p.image == image) {
+        for (_, pod) in pods
+            .iter()
+            .filter(|(_, p)| p.image(ETCD_CONTAINER) == Some(image))
+        {
             let version = etcd.status(&pod.name).map(|s| s.version);
             if !pod.ready || version.as_deref().ok() != Some(self.spec.version.text.as_str()) {
                 let seen = match version {
@@ -947,7 +954,7 @@ impl<'a> Step<'a> {
         // (etcd's upgrade guide: <https://etcd.io/docs/v3.6/upgrades/upgrade_3_6/>).
         let transferee = pods
             .iter()
-            .filter(|(m, p)| &p.image == image && m.id != member.id)
+            .filter(|(m, p)| p.image(ETCD_CONTAINER) == Some(image) && m.id != member.id)
             .min_by_key(|(_, p)| self.cluster.member_index(&p.name));
         if member.id == leader
             && let Some((target, target_pod)) = transferee

@@ -3,14 +3,16 @@
 //!
 //! `lastTransitionTime` must change only when `status` changes, or every reconcile would
 //! rewrite the status and wake every watcher: [`set_condition`] keeps it.
+//!
+//! Embed `Vec<Condition>` in your status type: it derives `JsonSchema`, and its doc comments
+//! (which become the CRD's field descriptions) speak to the resource's users.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::Timestamp;
 
-/// One condition, as it appears in `status.conditions`. Embed `Vec<Condition>` in your
-/// status type; it derives `JsonSchema` for the CRD.
+/// A status condition, following the Kubernetes `metav1.Condition` conventions.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {

@@ -41,6 +41,7 @@
 //!
 //! - [`contract`] — plain-Rust mirrors of the WIT types, with small constructors.
 //! - [`observation`] — the parent and children as your own types.
+//! - [`pods`] — observed Pods: phase, readiness, deletion, containers' images and restarts.
 //! - [`children`] — kind references of built-in kinds and child object skeletons.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
 //! - [`app_call`] — the client for the one way out of the sandbox.
@@ -57,6 +58,7 @@ pub mod conditions;
 pub mod contract;
 pub mod log;
 pub mod observation;
+pub mod pods;
 pub mod testing;
 
 #[cfg(target_arch = "wasm32")]

@@ -1,0 +1,202 @@
+//! Observed Pods as a plugin reads them: phase, readiness, deletion, labels and
+//! annotations, and each container's image, restarts and waiting reason, without the plugin
+//! declaring serde types for the Pod schema. For a stateful app these are what most
+//! decisions turn on (is this member up, gone for good, crash-looping, on the new image).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::children::pod_kind;
+use crate::contract::{Child, Observation, PolicyError};
+
+/// A Pod child as observed. `object` is the whole Pod, for what the accessors do not cover
+/// (for example to re-apply the Pod with one field changed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedPod {
+    /// `metadata.name`.
+    pub name: String,
+    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`), empty if not reported.
+    pub phase: String,
+    /// Whether the `Ready` condition is `True`.
+    pub ready: bool,
+    /// Whether the Pod is being deleted (`metadata.deletionTimestamp` set).
+    pub terminating: bool,
+    /// The whole Pod.
+    pub object: Value,
+}
+
+/// The parts of a Pod that [`ObservedPod`] reads, each optional: what the API server
+/// leaves out (a Pod not yet scheduled has no status) reads as empty.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodFields {
+    metadata: MetaFields,
+    status: StatusFields,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct MetaFields {
+    name: String,
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StatusFields {
+    phase: String,
+    conditions: Vec<ConditionFields>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ConditionFields {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+impl ObservedPod {
+    /// Reads a Pod child. A child that is not a Pod object is an `InvalidChild` error (the
+    /// host hands over what the API server returned, so this is a host bug).
+    pub fn read(child: &Child) -> Result<ObservedPod, PolicyError> {
+        let object: Value = child.parse()?;
+        let fields = PodFields::deserialize(&object).map_err(|e| {
+            PolicyError::new(
+                "InvalidChild",
+                format!("a Pod child is not a Pod object ({e}); this is a host bug"),
+            )
+        })?;
+        Ok(ObservedPod {
+            name: fields.metadata.name,
+            phase: fields.status.phase,
+            ready: fields
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
+            terminating: fields.metadata.deletion_timestamp.is_some(),
+            object,
+        })
+    }
+
+    /// A Pod that will not run again by itself: it is being deleted, or it has ended
+    /// (`Failed`, or `Succeeded` for a Pod whose containers exit).
+    pub fn is_gone(&self) -> bool {
+        self.terminating || self.phase == "Failed" || self.phase == "Succeeded"
+    }
+
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.object["metadata"]["labels"][key].as_str()
+    }
+
+    /// The value of annotation `key`.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.object["metadata"]["annotations"][key].as_str()
+    }
+
+    /// The image of container `container` in the Pod's spec.
+    pub fn image(&self, container: &str) -> Option<&str> {
+        named(&self.object["spec"]["containers"], container)?["image"].as_str()
+    }
+
+    /// How many times container `container` restarted (0 before it is reported).
+    pub fn restarts(&self, container: &str) -> i64 {
+        self.container_status(container)
+            .and_then(|s| s["restartCount"].as_i64())
+            .unwrap_or(0)
+    }
+
+    /// Why container `container` is waiting, e.g. `CrashLoopBackOff` for a container that
+    /// keeps exiting; `None` while it runs.
+    pub fn waiting_reason(&self, container: &str) -> Option<&str> {
+        self.container_status(container)?["state"]["waiting"]["reason"].as_str()
+    }
+
+    fn container_status(&self, container: &str) -> Option<&Value> {
+        named(&self.object["status"]["containerStatuses"], container)
+    }
+}
+
+/// The element of a list of named objects (containers, container statuses) named `name`.
+fn named<'v>(list: &'v Value, name: &str) -> Option<&'v Value> {
+    list.as_array()?.iter().find(|item| item["name"] == name)
+}
+
+impl Observation {
+    /// The Pod children, sorted by name.
+    pub fn pods(&self) -> Result<Vec<ObservedPod>, PolicyError> {
+        let mut pods = self
+            .children_of_kind(&pod_kind())
+            .map(ObservedPod::read)
+            .collect::<Result<Vec<_>, _>>()?;
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(pods)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(object: Value) -> ObservedPod {
+        let child = Child {
+            kind: pod_kind(),
+            object: object.to_string(),
+        };
+        ObservedPod::read(&child).expect("a pod")
+    }
+
+    #[test]
+    fn a_running_ready_pod() {
+        let p = pod(json!({
+            "metadata": {"name": "db-0", "labels": {"role": "primary"}, "annotations": {"a": "b"}},
+            "spec": {"containers": [{"name": "sidecar", "image": "s:1"}, {"name": "db", "image": "db:2"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "db", "restartCount": 3, "state": {"running": {}}}],
+            },
+        }));
+        assert_eq!((p.name.as_str(), p.phase.as_str()), ("db-0", "Running"));
+        assert!(p.ready && !p.terminating && !p.is_gone());
+        assert_eq!(p.label("role"), Some("primary"));
+        assert_eq!(p.annotation("a"), Some("b"));
+        assert_eq!(p.image("db"), Some("db:2"));
+        assert_eq!(p.image("other"), None);
+        assert_eq!(p.restarts("db"), 3);
+        assert_eq!(p.waiting_reason("db"), None);
+    }
+
+    #[test]
+    fn gone_or_crash_looping_pods() {
+        let crash_looping = pod(json!({
+            "metadata": {"name": "db-1"},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "db", "restartCount": 6, "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+            ]},
+        }));
+        assert!(!crash_looping.ready && !crash_looping.is_gone());
+        assert_eq!(crash_looping.waiting_reason("db"), Some("CrashLoopBackOff"));
+        let terminating = pod(json!({
+            "metadata": {"name": "db-2", "deletionTimestamp": "2024-05-01T12:00:00Z"},
+        }));
+        assert!(terminating.terminating && terminating.is_gone());
+        assert_eq!(terminating.restarts("db"), 0);
+        let failed = pod(json!({"metadata": {"name": "db-3"}, "status": {"phase": "Failed"}}));
+        assert!(failed.is_gone());
+    }
+
+    #[test]
+    fn a_child_that_is_not_a_pod_is_an_error() {
+        let child = |object: &str| Child {
+            kind: pod_kind(),
+            object: object.to_owned(),
+        };
+        assert!(ObservedPod::read(&child("[1,2")).is_err());
+        assert!(ObservedPod::read(&child(r#"{"metadata": {"name": 5}}"#)).is_err());
+    }
+}
