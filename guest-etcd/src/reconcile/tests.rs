@@ -393,31 +393,20 @@ fn summarize(decision: &Decision) -> Summary {
         ..Default::default()
     };
     for action in &decision.actions {
-        match action {
-            Action::Apply(object) => {
-                let kind = object["kind"].as_str().unwrap_or("?");
-                let name = object["metadata"]["name"].as_str().unwrap_or("?");
-                let id = format!("{kind}/{name}");
-                s.order.push(format!("apply {id}"));
-                if kind != "Service" && kind != "PodDisruptionBudget" {
-                    s.applied.push(id);
-                }
-            }
-            Action::Delete { kind, name } => {
-                let id = format!("{}/{name}", kind.kind);
-                s.order.push(format!("delete {id}"));
-                s.deleted.push(id);
-            }
-            Action::SetStatus(status) => {
-                s.order.push("status".into());
-                s.status = status.clone();
-            }
-            Action::RecordEvent(event) => {
-                let id = format!("{:?}/{}", event.event_type, event.reason);
-                s.order.push(format!("event {id}"));
-                s.events.push(id);
-            }
+        let summary = action.summary();
+        if let Some(id) = summary.strip_prefix("apply ")
+            && !id.starts_with("Service/")
+            && !id.starts_with("PodDisruptionBudget/")
+        {
+            s.applied.push(id.to_owned());
+        } else if let Some(id) = summary.strip_prefix("delete ") {
+            s.deleted.push(id.to_owned());
+        } else if let Some(id) = summary.strip_prefix("event ") {
+            s.events.push(id.to_owned());
+        } else if let Action::SetStatus(status) = action {
+            s.status = status.clone();
         }
+        s.order.push(summary);
     }
     s
 }
@@ -1767,4 +1756,45 @@ fn decisions_are_idempotent_for_the_same_observation() {
         let second = reconcile(&row.observation, &mut b).map(|d| d.actions);
         assert_eq!(first, second, "{}", row.name);
     }
+}
+
+/// The plugin as the host calls it: etcd's gateway answered from a script (no etcd here),
+/// through the SDK harness. Checks the glue the table does not: requests go to the `client`
+/// port, the gateway JSON is decoded, and a settled cluster decides the same again.
+#[test]
+fn the_plugin_asks_etcd_through_the_gateway_and_settles() {
+    use crate::etcd_api::{MEMBER_LIST_PATH, STATUS_PATH};
+    use policy_host_sdk::Method;
+    use policy_host_sdk::testing::ScriptedAppCall;
+
+    let app = ScriptedAppCall::new()
+        .respond(
+            Method::Post,
+            "ex-0",
+            MEMBER_LIST_PATH,
+            200,
+            json!({"header": {"cluster_id": "777"}, "members": [
+                {"ID": "1", "name": "ex-0", "peerURLs": [peer("ex-0")]},
+            ]}),
+        )
+        .respond(
+            Method::Post,
+            "ex-0",
+            STATUS_PATH,
+            200,
+            json!({"header": {"member_id": "1"}, "version": "3.6.16", "leader": "1"}),
+        );
+    let mut plugin = Harness::<EtcdPlugin>::with_app(app);
+    let settled = plugin.converge(&observation(spec(1), None, vec![ready("ex-0")]), 5);
+    let again = plugin.reconcile(&settled).expect("reconcile");
+    assert_eq!(
+        plugin.act(&settled, &again),
+        settled,
+        "a settled cluster stays put"
+    );
+    let status = again.status().cloned().unwrap_or_default();
+    assert_eq!(status["phase"], "Running", "{status}");
+    assert_eq!(status["clusterID"], "777");
+    assert_eq!(status["currentVersion"], "3.6.16");
+    assert!(plugin.app.requests.iter().all(|r| r.port == "client"));
 }
