@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 /// budget.
 pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
 
-use crate::spec::{RestoreSpec, ValidSpec};
+use crate::spec::{RestoreSpec, StorageSpec, ValidSpec};
 
 /// Label every child carries: `app.kubernetes.io/name: etcd`.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
@@ -442,19 +442,28 @@ pub fn with_restore(
 /// The claim that keeps the snapshots (only with `spec.backup`).
 pub fn backup_claim(cluster: &ClusterRef, spec: &ValidSpec) -> Option<Value> {
     let backup = spec.backup.as_ref()?;
+    Some(claim(
+        &cluster.backup_claim_name(),
+        cluster.labels(),
+        &backup.storage,
+    ))
+}
+
+/// A claim mounted by one pod at a time (`ReadWriteOnce`), of the given size and class.
+fn claim(name: &str, labels: Value, storage: &StorageSpec) -> Value {
     let mut claim_spec = json!({
         "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": backup.storage.size.0}},
+        "resources": {"requests": {"storage": storage.size.0}},
     });
-    if let Some(class) = &backup.storage.storage_class_name {
+    if let Some(class) = &storage.storage_class_name {
         claim_spec["storageClassName"] = json!(class);
     }
-    Some(json!({
+    json!({
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": cluster.backup_claim_name(), "labels": cluster.labels()},
+        "metadata": {"name": name, "labels": labels},
         "spec": claim_spec,
-    }))
+    })
 }
 
 /// The Pod that takes one snapshot: `etcdctl snapshot save` from one member (a snapshot is
@@ -496,19 +505,11 @@ pub fn backup_pod(cluster: &ClusterRef, spec: &ValidSpec, from: &str, trigger: &
 /// The data claim of a member pod (only with `spec.storage`).
 pub fn member_claim(cluster: &ClusterRef, spec: &ValidSpec, pod: &str) -> Option<Value> {
     let storage = spec.storage.as_ref()?;
-    let mut claim_spec = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": storage.size.0}},
-    });
-    if let Some(class) = &storage.storage_class_name {
-        claim_spec["storageClassName"] = json!(class);
-    }
-    Some(json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": cluster.claim_name(pod), "labels": cluster.member_labels(pod)},
-        "spec": claim_spec,
-    }))
+    Some(claim(
+        &cluster.claim_name(pod),
+        cluster.member_labels(pod),
+        storage,
+    ))
 }
 
 /// The children of one EtcdCluster, as observed.
@@ -562,7 +563,7 @@ impl ObservedChildren {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{EtcdClusterSpec, Quantity, StorageSpec};
+    use crate::spec::{EtcdClusterSpec, Quantity};
 
     fn cluster() -> ClusterRef {
         ClusterRef {
