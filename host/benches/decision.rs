@@ -659,7 +659,140 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
         println!(
             "minor page faults per decision: wasm fresh {fresh_faults:.1}, wasm reused {reused_faults:.1}"
         );
-        let _ = fixture.members;
+        guest_profile(&fixture, iterations, rounds).await?;
+    }
+    Ok(())
+}
+
+/// The fields guest-etcd reads from a member pod, deserialized straight from the text (serde
+/// skips the rest): what reading a pod would cost if the plugin did not first build a whole
+/// `serde_json::Value` tree of it and deep-clone it (see `ObservedChildren::read`).
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct PodFields {
+    metadata: PodMeta,
+    #[serde(default)]
+    spec: PodSpecFields,
+    #[serde(default)]
+    status: PodStatusFields,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct PodMeta {
+    name: String,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+    #[serde(default)]
+    labels: HashMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+#[allow(dead_code)]
+struct PodSpecFields {
+    #[serde(default)]
+    containers: Vec<ContainerFields>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct ContainerFields {
+    name: String,
+    #[serde(default)]
+    image: String,
+}
+
+#[derive(Deserialize, Default)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+struct PodStatusFields {
+    #[serde(default)]
+    phase: String,
+    #[serde(default)]
+    conditions: Vec<Value>,
+    #[serde(default)]
+    container_statuses: Vec<Value>,
+}
+
+/// Where the guest's own time goes, natively (the wasm build runs the same code ~1.5x
+/// slower): reading the children (`ObservedChildren::read`), and inside it the generic
+/// `Value` parse and deep clone of each pod, against a typed parse of only the fields read.
+async fn guest_profile(fixture: &Fixture, iterations: usize, rounds: usize) -> Result<()> {
+    let observation = fixture.guest_observation();
+    let pods: Vec<&str> = observation
+        .children
+        .iter()
+        .filter(|c| c.kind.kind == "Pod")
+        .map(|c| c.object.as_str())
+        .collect();
+    const ROWS: [&str; 6] = [
+        "whole native decision",
+        "read the children (ObservedChildren::read)",
+        "… parse each pod into a serde_json::Value",
+        "… deep-clone each pod's Value",
+        "proposed: typed parse of the fields read, from the text",
+        "parse the parent into a Value (about what reading it costs)",
+    ];
+    let mut rows: HashMap<&str, Vec<f64>> = HashMap::new();
+    for _ in 0..rounds {
+        let whole = sample(iterations, || async {
+            native_decide(&observation, &fixture.etcd).map(drop)
+        })
+        .await?;
+        let read = sample(iterations, || async {
+            std::hint::black_box(
+                children::ObservedChildren::read(&observation.children).map_err(|e| anyhow!(e))?,
+            );
+            Ok(())
+        })
+        .await?;
+        let parsed: Vec<Value> = pods
+            .iter()
+            .map(|p| serde_json::from_str(p))
+            .collect::<Result<_, _>>()?;
+        let parse = sample(iterations, || async {
+            for pod in &pods {
+                std::hint::black_box(serde_json::from_str::<Value>(pod)?);
+            }
+            Ok(())
+        })
+        .await?;
+        let clone = sample(iterations, || async {
+            for pod in &parsed {
+                std::hint::black_box(pod.clone());
+            }
+            Ok(())
+        })
+        .await?;
+        let typed = sample(iterations, || async {
+            for pod in &pods {
+                std::hint::black_box(serde_json::from_str::<PodFields>(pod)?);
+            }
+            Ok(())
+        })
+        .await?;
+        let parent = sample(iterations, || async {
+            std::hint::black_box(serde_json::from_str::<Value>(&observation.parent)?);
+            Ok(())
+        })
+        .await?;
+        for (row, samples) in ROWS
+            .iter()
+            .zip([&whole, &read, &parse, &clone, &typed, &parent])
+        {
+            rows.entry(row)
+                .or_default()
+                .push(micros(samples.percentile(50)));
+        }
+    }
+    println!(
+        "| where the guest's time goes (native, {} members) | p50 µs |",
+        fixture.members
+    );
+    println!("|---|---:|");
+    for row in ROWS {
+        println!("| {row} | {:.1} |", median(rows[row].clone()));
     }
     Ok(())
 }

@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
@@ -47,21 +46,16 @@ pub fn observe(
     let mut pods = HashMap::new();
     let mut owned: HashMap<String, Vec<String>> = HashMap::new();
     for cache in caches {
-        let mut objects: Vec<_> = cache
+        // Filtered under the store's read lock: no clone of every cached object's handle.
+        let mut objects = cache
             .store
-            .state()
-            .into_iter()
-            .filter(|child| is_controlled_by(child, &parent_uid))
-            .collect();
+            .state_filter(|child| is_controlled_by(child, &parent_uid));
         // A stable order, so the same world gives the plugin the same observation.
         objects.sort_by_key(|o| o.name_any());
         for object in objects {
             let json = serde_json::to_string(object.as_ref())?;
-            if cache.kind.group.is_empty()
-                && cache.kind.kind == "Pod"
-                && let Ok(pod) = serde_json::from_str::<Pod>(&json)
-            {
-                pods.insert(object.name_any(), PodEndpoint::from_pod(&pod));
+            if cache.kind.group.is_empty() && cache.kind.kind == "Pod" {
+                pods.insert(object.name_any(), pod_endpoint(&object));
             }
             owned
                 .entry(cache.kind.to_string())
@@ -84,6 +78,28 @@ pub fn observe(
     })
 }
 
+/// Where a cached Pod can be reached, read straight from its JSON: the same fields as
+/// [`PodEndpoint::from_pod`] without parsing the whole typed `Pod` again, which runs for
+/// every pod of every observation.
+fn pod_endpoint(pod: &DynamicObject) -> PodEndpoint {
+    let ip = pod.data["status"]["podIP"]
+        .as_str()
+        .filter(|ip| !ip.is_empty())
+        .map(str::to_owned);
+    let named_ports = pod.data["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .filter_map(|p| {
+            let name = p["name"].as_str()?.to_owned();
+            let number = u16::try_from(p["containerPort"].as_i64()?).ok()?;
+            Some((name, number))
+        })
+        .collect();
+    PodEndpoint { ip, named_ports }
+}
+
 /// True when `child` has a controller owner reference to the object with `uid`.
 pub fn is_controlled_by(child: &DynamicObject, uid: &str) -> bool {
     child
@@ -100,5 +116,44 @@ pub fn now() -> Timestamp {
     Timestamp {
         seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
         nanoseconds: since.subsec_nanos(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    /// Pure logic on in-memory objects: the direct read agrees with the typed one.
+    #[test]
+    fn pod_endpoint_reads_what_the_typed_pod_gives() {
+        let rows = [
+            (
+                "a running pod with named and unnamed ports",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-0"},
+                    "spec": {"containers": [
+                        {"name": "etcd", "ports": [{"name": "client", "containerPort": 2379},
+                            {"name": "peer", "containerPort": 2380}, {"containerPort": 9090}]},
+                        {"name": "side", "ports": [{"name": "metrics", "containerPort": 8080}]}]},
+                    "status": {"podIP": "10.0.0.7"}}),
+            ),
+            (
+                "a pending pod with an empty IP and no ports",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-1"},
+                    "spec": {"containers": [{"name": "etcd"}]}, "status": {"podIP": ""}}),
+            ),
+            (
+                "a pod with no status",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-2"},
+                    "spec": {"containers": [{"name": "etcd", "ports": [{"name": "big", "containerPort": 70000}]}]}}),
+            ),
+        ];
+        for (situation, json) in rows {
+            let typed: Pod = serde_json::from_value(json.clone()).expect(situation);
+            let dynamic: DynamicObject = serde_json::from_value(json).expect(situation);
+            let (want, got) = (PodEndpoint::from_pod(&typed), pod_endpoint(&dynamic));
+            assert_eq!(got.ip, want.ip, "{situation}");
+            assert_eq!(got.named_ports, want.named_ports, "{situation}");
+        }
     }
 }
