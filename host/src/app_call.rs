@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::app_exchange::ExchangeRound;
 use crate::decide::contract::app_call::{CallError, Method, Request, Response};
+use crate::policy_store::Grants;
+use crate::decide::contract::exchange::ExchangeError;
 
 /// How long one app-call may take before the plugin gets `timeout`.
 pub const APP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,6 +94,12 @@ pub struct AppCallScript {
     /// second time (a plugin polling until something changes sees the change).
     used: Arc<Mutex<Vec<bool>>>,
     calls: Arc<Mutex<Vec<Request>>>,
+    /// Exchange rounds and their replies ([`crate::app_exchange`]), hand-written or recorded.
+    rounds: Arc<Vec<ExchangeRound>>,
+    /// Which `rounds` were answered already (as `used` for app-calls).
+    rounds_used: Arc<Mutex<Vec<bool>>>,
+    /// The exchange rounds answered so far, with the answer given.
+    rounds_made: Arc<Mutex<Vec<ExchangeRound>>>,
 }
 
 impl AppCallScript {
@@ -118,9 +127,78 @@ impl AppCallScript {
         }
     }
 
+    /// The same script, also answering exchanges: each round's request (all the bytes the
+    /// plugin sent before reading) gets its reply. A round without a port answers on any port.
+    pub fn with_exchanges(mut self, rounds: impl IntoIterator<Item = ExchangeRound>) -> Self {
+        let mut all: Vec<ExchangeRound> = self.rounds.as_ref().clone();
+        all.extend(rounds);
+        self.rounds_used = Arc::new(Mutex::new(vec![false; all.len()]));
+        self.rounds = Arc::new(all);
+        self
+    }
+
     /// The calls answered so far (through any clone), in order.
     pub fn calls(&self) -> Vec<Request> {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// The exchange rounds answered so far (through any clone), in order, with the answer
+    /// each got.
+    pub fn exchanges(&self) -> Vec<ExchangeRound> {
+        self.rounds_made
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// Answers one exchange round: the first unused round with this pod, port and request,
+    /// else the last such; anything else is unreachable, as an absent pod would be.
+    pub(crate) fn answer_exchange(
+        &self,
+        pod: &str,
+        port: &str,
+        request: &[u8],
+    ) -> Result<Vec<u8>, ExchangeError> {
+        let equal: Vec<usize> = self
+            .rounds
+            .iter()
+            .enumerate()
+            .filter(|(_, round)| {
+                round.pod == pod
+                    && round.port.as_deref().is_none_or(|p| p == port)
+                    && round.request == request
+            })
+            .map(|(index, _)| index)
+            .collect();
+        let chosen = equal.last().copied().map(|last| {
+            // Never held across an await: a plain mutex is right here.
+            let mut used = self.rounds_used.lock().unwrap_or_else(|p| p.into_inner());
+            let index = equal
+                .iter()
+                .copied()
+                .find(|&i| used.get(i).is_some_and(|u| !u))
+                .unwrap_or(last);
+            if let Some(flag) = used.get_mut(index) {
+                *flag = true;
+            }
+            index
+        });
+        let reply = match chosen.and_then(|i| self.rounds.get(i)) {
+            Some(round) => round.reply.clone(),
+            None => Err(ExchangeError::Unreachable(format!(
+                "no scripted exchange with pod `{pod}` port `{port}` for this request ({} bytes); a script cannot reach the application",
+                request.len()
+            ))),
+        };
+        if let Ok(mut made) = self.rounds_made.lock() {
+            made.push(ExchangeRound {
+                pod: pod.to_owned(),
+                port: Some(port.to_owned()),
+                request: request.to_vec(),
+                reply: reply.clone(),
+            });
+        }
+        reply
     }
 
     /// Forgets the recorded calls.
@@ -187,6 +265,7 @@ impl AppCallScript {
 #[derive(Clone, Debug, Default)]
 pub struct AppCallRecorder {
     exchanges: Arc<Mutex<Vec<Exchange>>>,
+    rounds: Arc<Mutex<Vec<ExchangeRound>>>,
 }
 
 impl AppCallRecorder {
@@ -203,9 +282,24 @@ impl AppCallRecorder {
             .unwrap_or_default()
     }
 
-    /// A script that answers the recorded requests with the recorded answers, and nothing else.
+    /// The exchange rounds made so far, in order, with their replies.
+    pub fn exchanges(&self) -> Vec<ExchangeRound> {
+        self.rounds.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// A script that answers the recorded requests (and exchange rounds) with the recorded
+    /// answers, and nothing else.
     pub fn replay(&self) -> AppCallScript {
         AppCallScript::replaying(self.exchanges.lock().map(|e| e.clone()).unwrap_or_default())
+            .with_exchanges(self.exchanges())
+    }
+
+    /// Writes one exchange round (see [`crate::app_exchange`]).
+    pub(crate) fn record_exchange(&self, round: ExchangeRound) {
+        // Never held across an await: a plain mutex is right here.
+        if let Ok(mut rounds) = self.rounds.lock() {
+            rounds.push(round);
+        }
     }
 
     fn record(&self, request: Request, answer: &Result<Response, CallError>) {
@@ -352,7 +446,8 @@ impl AppCallScope {
 
     /// Resolves the request to a URL, or says why it is refused.
     fn authorize(&self, request: &Request) -> Result<String, CallError> {
-        let (host, port) = self.authorize_endpoint(&request.pod, &request.port)?;
+        let (host, port) =
+            self.authorize_endpoint(&request.pod, &request.port, &self.grants.app_call_ports)?;
         if !request.path.starts_with('/') {
             return Err(CallError::Refused(format!(
                 "path `{}` must start with `/`",
@@ -362,13 +457,14 @@ impl AppCallScope {
         Ok(format!("http://{host}:{port}{}", request.path))
     }
 
-    /// Resolves a granted port of a Pod the parent controls to `host` (an IP, bracketed if
-    /// v6) and port number, or says why it is refused: the one check shared by app-calls and
-    /// exchanges ([`crate::app_exchange`]).
+    /// Resolves a port of a Pod the parent controls, granted in `granted` (the app-call or
+    /// the exchange ports), to `host` (an IP, bracketed if v6) and port number, or says why it
+    /// is refused: the one check shared by app-calls and exchanges ([`crate::app_exchange`]).
     pub(crate) fn authorize_endpoint(
         &self,
         pod_name: &str,
         port_name: &str,
+        granted: &[String],
     ) -> Result<(String, u16), CallError> {
         let pod = self.pods.get(pod_name).ok_or_else(|| {
             CallError::Refused(format!(
@@ -379,15 +475,9 @@ impl AppCallScope {
         let port = pod.resolve(port_name).ok_or_else(|| {
             CallError::Refused(format!("pod `{pod_name}` has no port `{port_name}`"))
         })?;
-        let granted = self
-            .grants
-            .app_call_ports
-            .iter()
-            .any(|g| pod.resolve(g) == Some(port));
-        if !granted {
+        if !granted.iter().any(|g| pod.resolve(g) == Some(port)) {
             return Err(CallError::Refused(format!(
-                "port `{port_name}` is not granted to this plugin (granted: {:?})",
-                self.granted_ports
+                "port `{port_name}` is not granted to this plugin (granted: {granted:?})"
             )));
         }
         let ip = pod
@@ -400,6 +490,15 @@ impl AppCallScope {
             ip.clone()
         };
         Ok((host, port))
+    }
+
+    /// Resolves a port granted for exchanges (see [`Self::authorize_endpoint`]).
+    pub(crate) fn authorize_exchange(
+        &self,
+        pod_name: &str,
+        port_name: &str,
+    ) -> Result<(String, u16), CallError> {
+        self.authorize_endpoint(pod_name, port_name, &self.grants.exchange_ports)
     }
 
     /// How exchanges of this scope are carried: from the script, over the network (recorded
@@ -440,7 +539,11 @@ mod tests {
                     .collect(),
             },
         );
-        AppCallScope::new("ns/db".into(), pods, vec!["client".into()], http_client())
+        let grants = Grants {
+            app_call_ports: vec!["client".into()],
+            ..Grants::default()
+        };
+        AppCallScope::new("ns/db".into(), pods, grants, http_client())
     }
 
     fn request(pod: &str, port: &str, path: &str) -> Request {

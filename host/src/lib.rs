@@ -16,6 +16,7 @@
 pub mod act;
 pub mod admin;
 pub mod app_call;
+pub mod app_exchange;
 pub mod controller;
 pub mod decide;
 pub mod load;

@@ -10,6 +10,9 @@ mod generated {
         imports: { default: async },
         exports: { default: async },
         additional_derives: [PartialEq],
+        // The exchange's connection is the host's own type, kept in the instance's resource
+        // table: dropping the store closes every connection the instance left open.
+        with: { "policy-host:policy/exchange.connection": crate::app_exchange::Connection },
     });
 }
 
@@ -17,6 +20,7 @@ pub use generated::*;
 
 pub use generated::exports::policy_host::policy::policy::PolicyError;
 pub use generated::policy_host::policy::app_call;
+pub use generated::policy_host::policy::exchange;
 pub use generated::policy_host::policy::log::Level as LogLevel;
 pub use generated::policy_host::policy::types::{
     Action, Capability, Child, Decision, Event, EventType, FinalizeDecision, KindRef, ObjectRef,
@@ -24,7 +28,11 @@ pub use generated::policy_host::policy::types::{
 };
 
 /// The contract version this host serves, from the WIT package.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
+
+/// Older contract versions this host also serves, each through bindings of its frozen WIT
+/// (see [`super::contract_v0_1`]).
+pub const PREVIOUS_CONTRACT_VERSIONS: &[&str] = &["0.1.0"];
 
 impl KindRef {
     /// `group/version` as Kubernetes writes it in `apiVersion` (`v1` for the core group).

@@ -20,17 +20,19 @@
 //!   say which limit was hit.
 
 pub mod contract;
+pub mod contract_v0_1;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::app_call::AppCallScope;
+use crate::app_exchange::{Connection, MAX_OPEN_CONNECTIONS};
 use contract::{
     Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre,
 };
@@ -215,6 +217,10 @@ impl Sandbox {
             .map_err(|e| load_error("the WASI imports", e))?;
         PolicyPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .map_err(|e| load_error("the policy imports", e))?;
+        // The previous contract's imports, under their own versioned names, for plugins built
+        // against it (see `contract_v0_1`).
+        contract_v0_1::PolicyPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| load_error("the policy 0.1 imports", e))?;
 
         let stop = Arc::new(AtomicBool::new(false));
         let ticking = engine.weak();
@@ -274,7 +280,13 @@ impl Sandbox {
             .linker
             .instantiate_pre(component)
             .map_err(|e| load_error(source_name, e))?;
-        let pre = PolicyPluginPre::new(pre).map_err(|e| load_error(source_name, e))?;
+        let pre = if contract_v0_1::exports_v0_1(&self.engine, component) {
+            ContractPre::V0_1(
+                contract_v0_1::PolicyPluginPre::new(pre).map_err(|e| load_error(source_name, e))?,
+            )
+        } else {
+            ContractPre::Current(PolicyPluginPre::new(pre).map_err(|e| load_error(source_name, e))?)
+        };
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
                 pre,
@@ -328,8 +340,98 @@ pub struct Plugin {
     inner: Arc<PluginInner>,
 }
 
+/// A pre-instantiated plugin, bound by the contract version it was built against.
+enum ContractPre {
+    Current(PolicyPluginPre<PluginState>),
+    V0_1(contract_v0_1::PolicyPluginPre<PluginState>),
+}
+
+impl ContractPre {
+    async fn instantiate(
+        &self,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<ContractInstance> {
+        Ok(match self {
+            ContractPre::Current(pre) => {
+                ContractInstance::Current(pre.instantiate_async(store).await?)
+            }
+            ContractPre::V0_1(pre) => ContractInstance::V0_1(pre.instantiate_async(store).await?),
+        })
+    }
+
+    fn version(&self) -> &'static str {
+        match self {
+            ContractPre::Current(_) => contract::CONTRACT_VERSION,
+            ContractPre::V0_1(_) => contract_v0_1::VERSION,
+        }
+    }
+}
+
+/// A plugin instance; calls take and return current types whatever contract it was built on.
+enum ContractInstance {
+    Current(PolicyPlugin),
+    V0_1(contract_v0_1::PolicyPlugin),
+}
+
+impl ContractInstance {
+    async fn describe(&self, store: &mut Store<PluginState>) -> wasmtime::Result<PolicyInfo> {
+        match self {
+            ContractInstance::Current(p) => {
+                p.policy_host_policy_policy().call_describe(store).await
+            }
+            ContractInstance::V0_1(p) => Ok(contract_v0_1::policy_info_from_old(
+                p.policy_host_policy_policy().call_describe(store).await?,
+            )),
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        store: &mut Store<PluginState>,
+        observation: &Observation,
+    ) -> wasmtime::Result<Result<Decision, contract::PolicyError>> {
+        match self {
+            ContractInstance::Current(p) => {
+                p.policy_host_policy_policy()
+                    .call_reconcile(store, observation)
+                    .await
+            }
+            ContractInstance::V0_1(p) => {
+                let observation = contract_v0_1::observation_to_old(observation);
+                Ok(contract_v0_1::decision_from_old(
+                    p.policy_host_policy_policy()
+                        .call_reconcile(store, &observation)
+                        .await?,
+                ))
+            }
+        }
+    }
+
+    async fn finalize(
+        &self,
+        store: &mut Store<PluginState>,
+        observation: &Observation,
+    ) -> wasmtime::Result<Result<FinalizeDecision, contract::PolicyError>> {
+        match self {
+            ContractInstance::Current(p) => {
+                p.policy_host_policy_policy()
+                    .call_finalize(store, observation)
+                    .await
+            }
+            ContractInstance::V0_1(p) => {
+                let observation = contract_v0_1::observation_to_old(observation);
+                Ok(contract_v0_1::finalize_decision_from_old(
+                    p.policy_host_policy_policy()
+                        .call_finalize(store, &observation)
+                        .await?,
+                ))
+            }
+        }
+    }
+}
+
 struct PluginInner {
-    pre: PolicyPluginPre<PluginState>,
+    pre: ContractPre,
     info: PolicyInfo,
     label: String,
     limits: Limits,
@@ -367,6 +469,12 @@ impl Plugin {
         &self.inner.limits
     }
 
+    /// The contract version the plugin was built against (`0.2.0`, or `0.1.0` for a plugin
+    /// served through the previous contract's bindings).
+    pub fn contract_version(&self) -> &'static str {
+        self.inner.pre.version()
+    }
+
     /// Asks the plugin to describe itself.
     async fn describe(&self) -> Result<PolicyInfo, DecideError> {
         let doing = "describing itself".to_string();
@@ -375,14 +483,7 @@ impl Plugin {
             None,
             &doing,
             &(),
-            |plugin, store, ()| {
-                Box::pin(async move {
-                    plugin
-                        .policy_host_policy_policy()
-                        .call_describe(store)
-                        .await
-                })
-            },
+            |plugin, store, ()| Box::pin(async move { plugin.describe(store).await }),
         )
         .await
     }
@@ -402,12 +503,7 @@ impl Plugin {
                 doing,
                 observation,
                 |plugin, store, observation| {
-                    Box::pin(async move {
-                        plugin
-                            .policy_host_policy_policy()
-                            .call_reconcile(store, observation)
-                            .await
-                    })
+                    Box::pin(async move { plugin.reconcile(store, observation).await })
                 },
             )
             .await?;
@@ -429,12 +525,7 @@ impl Plugin {
                 doing,
                 observation,
                 |plugin, store, observation| {
-                    Box::pin(async move {
-                        plugin
-                            .policy_host_policy_policy()
-                            .call_finalize(store, observation)
-                            .await
-                    })
+                    Box::pin(async move { plugin.finalize(store, observation).await })
                 },
             )
             .await?;
@@ -455,7 +546,7 @@ impl Plugin {
         let instance = self
             .inner
             .pre
-            .instantiate_async(&mut store)
+            .instantiate(&mut store)
             .await
             .map_err(|error| self.classify(error, &store, doing))?;
         Ok(ReusedInstance {
@@ -517,7 +608,7 @@ impl Plugin {
         doing: &str,
         input: &I,
         call: impl for<'a> FnOnce(
-            &'a PolicyPlugin,
+            &'a ContractInstance,
             &'a mut Store<PluginState>,
             &'a I,
         ) -> std::pin::Pin<
@@ -528,7 +619,7 @@ impl Plugin {
         let limits = &inner.limits;
         let mut store = self.new_store(app_calls, now);
         let work = async {
-            let plugin = inner.pre.instantiate_async(&mut store).await?;
+            let plugin = inner.pre.instantiate(&mut store).await?;
             call(&plugin, &mut store, input).await
         };
         let result = match tokio::time::timeout(limits.deadline, work).await {
@@ -614,7 +705,7 @@ impl Plugin {
 pub struct ReusedInstance {
     plugin: Plugin,
     store: Store<PluginState>,
-    instance: PolicyPlugin,
+    instance: ContractInstance,
 }
 
 impl ReusedInstance {
@@ -627,10 +718,7 @@ impl ReusedInstance {
     ) -> Result<Decision, DecideError> {
         let plugin = &self.plugin;
         self.store.set_epoch_deadline(plugin.deadline_ticks());
-        let call = self
-            .instance
-            .policy_host_policy_policy()
-            .call_reconcile(&mut self.store, observation);
+        let call = self.instance.reconcile(&mut self.store, observation);
         let outcome = match tokio::time::timeout(plugin.inner.limits.deadline, call).await {
             Ok(result) => result.map_err(|error| plugin.classify(error, &self.store, doing))?,
             Err(_) => return Err(plugin.deadline_error(doing)),
@@ -655,6 +743,8 @@ pub struct PluginState {
     pub(crate) label: String,
     pub(crate) output_limit: usize,
     pub(crate) app_calls: AppCallScope,
+    /// Exchange connections open now (they live in `table`).
+    open_connections: usize,
 }
 
 impl PluginState {
@@ -684,6 +774,7 @@ impl PluginState {
             label,
             output_limit: limits.output_bytes,
             app_calls,
+            open_connections: 0,
         }
     }
 
@@ -790,6 +881,17 @@ impl contract::policy_host::policy::log::Host for PluginState {
         message: String,
         fields: Vec<(String, String)>,
     ) {
+        self.write_log(level, message, fields);
+    }
+}
+
+impl PluginState {
+    fn write_log(
+        &mut self,
+        level: contract::LogLevel,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) {
         let mut message = message;
         if message.len() > self.output_limit {
             message.truncate(self.output_limit.min(4096));
@@ -833,5 +935,99 @@ impl contract::app_call::Host for PluginState {
         }
         let limit = self.output_limit;
         self.app_calls.call(&self.label, request, limit).await
+    }
+}
+
+impl contract::exchange::Host for PluginState {}
+
+impl contract::exchange::HostConnection for PluginState {
+    async fn open(
+        &mut self,
+        pod: String,
+        port: String,
+    ) -> Result<Resource<Connection>, contract::exchange::ExchangeError> {
+        if self.open_connections >= MAX_OPEN_CONNECTIONS {
+            return Err(contract::exchange::ExchangeError::Refused(format!(
+                "{MAX_OPEN_CONNECTIONS} connections are open already; drop one first"
+            )));
+        }
+        let connection = Connection::open(&self.app_calls, pod, port, self.output_limit)
+            .await
+            .inspect_err(|error| {
+                if let contract::exchange::ExchangeError::Refused(why) = error {
+                    tracing::warn!(plugin = %self.label, parent = %self.app_calls.parent_label(), %why, "exchange refused");
+                }
+            })?;
+        let resource = self.table.push(connection).map_err(|e| {
+            contract::exchange::ExchangeError::Refused(format!("cannot keep the connection: {e}"))
+        })?;
+        self.open_connections += 1;
+        Ok(resource)
+    }
+
+    async fn send(
+        &mut self,
+        connection: Resource<Connection>,
+        bytes: Vec<u8>,
+    ) -> Result<(), contract::exchange::ExchangeError> {
+        if bytes.len() > self.output_limit {
+            self.note_oversized_output(bytes.len());
+        }
+        self.connection(&connection)?.send(bytes).await
+    }
+
+    async fn receive(
+        &mut self,
+        connection: Resource<Connection>,
+        max_bytes: u32,
+        timeout_ms: u32,
+    ) -> Result<Vec<u8>, contract::exchange::ExchangeError> {
+        self.connection(&connection)?
+            .receive(max_bytes, Duration::from_millis(u64::from(timeout_ms)))
+            .await
+    }
+
+    async fn drop(&mut self, connection: Resource<Connection>) -> wasmtime::Result<()> {
+        self.table.delete(connection)?;
+        self.open_connections = self.open_connections.saturating_sub(1);
+        Ok(())
+    }
+}
+
+impl PluginState {
+    fn connection(
+        &mut self,
+        connection: &Resource<Connection>,
+    ) -> Result<&mut Connection, contract::exchange::ExchangeError> {
+        self.table.get_mut(connection).map_err(|e| {
+            contract::exchange::ExchangeError::Refused(format!("no such connection: {e}"))
+        })
+    }
+}
+
+impl contract_v0_1::policy_host::policy::types::Host for PluginState {}
+
+impl contract_v0_1::policy_host::policy::log::Host for PluginState {
+    async fn log(
+        &mut self,
+        level: contract_v0_1::policy_host::policy::log::Level,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) {
+        self.write_log(contract_v0_1::level_from_old(level), message, fields);
+    }
+}
+
+impl contract_v0_1::policy_host::policy::app_call::Host for PluginState {
+    async fn call(
+        &mut self,
+        request: contract_v0_1::policy_host::policy::app_call::Request,
+    ) -> Result<
+        contract_v0_1::policy_host::policy::app_call::Response,
+        contract_v0_1::policy_host::policy::app_call::CallError,
+    > {
+        let request = contract_v0_1::request_from_old(request);
+        let answer = contract::app_call::Host::call(self, request).await;
+        contract_v0_1::answer_to_old(answer)
     }
 }
