@@ -4,12 +4,23 @@
 //! in native tests.
 
 use crate::contract::{AppCallError, AppCallRequest, AppCallResponse, Method};
+use crate::exchange::{ExchangeError, ExchangeRequest};
 
 /// Sends app-calls. In wasm the SDK passes its implementation over the host import to
 /// [`Plugin::reconcile`](crate::Plugin::reconcile); tests pass a fake.
 pub trait AppCall {
     /// Sends one request and waits for the response (any status code is a response).
     fn call(&mut self, request: &AppCallRequest) -> Result<AppCallResponse, AppCallError>;
+
+    /// Sends raw bytes to a granted port of a pod and reads until `reply_complete` says the
+    /// reply is whole (see [`crate::exchange`]); returns the reply's bytes. Clients without a
+    /// way to reach TCP ports (the default) refuse.
+    fn exchange(&mut self, request: &ExchangeRequest<'_>) -> Result<Vec<u8>, ExchangeError> {
+        Err(ExchangeError::Refused(format!(
+            "this app client cannot exchange bytes with pod `{}` port `{}`",
+            request.pod, request.port
+        )))
+    }
 
     /// `GET path` on `pod`:`port`.
     fn get(&mut self, pod: &str, port: &str, path: &str) -> Result<AppCallResponse, AppCallError> {

@@ -47,6 +47,9 @@ impl KindRef {
 pub enum Capability {
     /// HTTP/JSON requests to this container port (name or number) of pods the parent owns.
     AppCall(String),
+    /// Raw TCP request/response exchanges ([`crate::exchange`]) with this container port (name
+    /// or number) of pods the parent owns, for apps whose protocol is not HTTP.
+    Exchange(String),
 }
 
 /// What the plugin says about itself (WIT `policy-info`).

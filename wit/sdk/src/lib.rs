@@ -45,6 +45,7 @@
 //! - [`children`] — kind references of built-in kinds and child object skeletons.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
 //! - [`app_call`] — the client for the one way out of the sandbox.
+//! - [`exchange`] — raw TCP request/reply bytes, for apps whose protocol is not HTTP.
 //! - [`log`] — lines in the host's log.
 //! - [`testing`] — the native harness: observations in, decisions out, a scripted app.
 //! - `wasm` (only on `wasm32`) — the generated bindings and the export adapter.
@@ -56,6 +57,7 @@ pub mod app_call;
 pub mod children;
 pub mod conditions;
 pub mod contract;
+pub mod exchange;
 pub mod log;
 pub mod observation;
 pub mod pods;
@@ -65,6 +67,7 @@ pub mod testing;
 pub mod wasm;
 
 pub use app_call::AppCall;
+pub use exchange::{ExchangeError, ExchangeRequest};
 pub use contract::{
     Action, AppCallError, AppCallRequest, AppCallResponse, Capability, Child, Decision, Event,
     EventType, FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,

@@ -25,6 +25,7 @@ pub mod bindings {
 
 use bindings::exports::policy_host::policy::policy::Guest;
 use bindings::policy_host::policy::app_call as wit_call;
+use bindings::policy_host::policy::exchange as wit_exchange;
 use bindings::policy_host::policy::log as wit_log;
 use bindings::policy_host::policy::types as wit;
 
@@ -62,6 +63,34 @@ impl AppCall for HostAppCall {
                 wit_call::CallError::Unreachable(why) => contract::AppCallError::Unreachable(why),
                 wit_call::CallError::Timeout => contract::AppCallError::Timeout,
             })
+    }
+
+    fn exchange(
+        &mut self,
+        request: &crate::ExchangeRequest<'_>,
+    ) -> Result<Vec<u8>, crate::ExchangeError> {
+        // Each chunk at most this big: a reply is read in a few calls, never one huge buffer.
+        const CHUNK: u32 = 64 << 10;
+        let connection =
+            wit_exchange::Connection::open(request.pod, request.port).map_err(exchange_error)?;
+        connection.send(request.request).map_err(exchange_error)?;
+        let mut reply = Vec::new();
+        while !(request.reply_complete)(&reply) {
+            let bytes = connection
+                .receive(CHUNK, request.timeout_ms)
+                .map_err(exchange_error)?;
+            reply.extend_from_slice(&bytes);
+        }
+        Ok(reply)
+    }
+}
+
+fn exchange_error(error: wit_exchange::ExchangeError) -> crate::ExchangeError {
+    match error {
+        wit_exchange::ExchangeError::Refused(why) => crate::ExchangeError::Refused(why),
+        wit_exchange::ExchangeError::Unreachable(why) => crate::ExchangeError::Unreachable(why),
+        wit_exchange::ExchangeError::Timeout => crate::ExchangeError::Timeout,
+        wit_exchange::ExchangeError::Closed => crate::ExchangeError::Closed,
     }
 }
 
@@ -158,6 +187,7 @@ impl<P: Plugin> Guest for Exported<P> {
                 .into_iter()
                 .map(|c| match c {
                     contract::Capability::AppCall(port) => wit::Capability::AppCall(port),
+                    contract::Capability::Exchange(port) => wit::Capability::Exchange(port),
                 })
                 .collect(),
             wants_finalizer: info.wants_finalizer,
