@@ -6,8 +6,12 @@
 # `replace` directives, so `go install mod@version` refuses them; a throwaway module that
 # requires them and maps every replaced module to its published version builds them as-is.
 #
-# Usage: build-binaries.sh            # everything in versions.env
-#        build-binaries.sh kube|etcd   # one family
+# Redis is not built: the distribution's redis-server (Debian 12: 7.0.x) is installed with apt
+# from the package redis-tools, which holds the server binary but no service, so nothing is
+# left running; the cache gets links named as the programs.
+#
+# Usage: build-binaries.sh                  # everything in versions.env
+#        build-binaries.sh kube|etcd|redis   # one family
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -112,15 +116,46 @@ build_etcd() {
   say "etcd $version: done -> $out"
 }
 
+install_redis() {
+  local out="$cache/bin/redis-$REDIS_SERIES"
+  if [ -x "$out/redis-server" ] && [ -x "$out/redis-cli" ] && [ -s "$out/VERSION" ]; then
+    say "redis $(cat "$out/VERSION"): installed, linked in $out"; return
+  fi
+  # redis-tools ships the server as redis-check-rdb; it behaves as redis-server when run
+  # under that name (it reads argv[0]), which is what the link in the cache is for.
+  if ! command -v redis-check-rdb >/dev/null || ! command -v redis-cli >/dev/null; then
+    if [ "$(id -u)" != 0 ]; then
+      say "redis-server is missing: run 'apt-get install redis-tools' as root (or rerun this as root)"; exit 1
+    fi
+    say "redis: apt-get install redis-tools (no service is started: the package has none)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-tools >/dev/null \
+      || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-tools >/dev/null; } \
+      || { say "could not install redis-tools with apt-get"; exit 1; }
+  fi
+  local server version
+  server=$(command -v redis-check-rdb)
+  mkdir -p "$out"
+  ln -sf "$server" "$out/redis-server"
+  ln -sf "$(command -v redis-cli)" "$out/redis-cli"
+  version=$("$out/redis-server" --version | sed -n 's/.* v=\([0-9.]*\) .*/\1/p')
+  case "$version" in
+    "$REDIS_SERIES".*) ;;
+    *) say "the installed redis-server is '$version', not of the series $REDIS_SERIES in versions.env"; exit 1 ;;
+  esac
+  echo "$version" >"$out/VERSION"
+  say "redis $version: linked in $out"
+}
+
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]; then
   say "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has kube-apiserver: using it, not building kubernetes"
   [ "$what" = kube ] && exit 0
-  [ "$what" = all ] && what=etcd
+  [ "$what" = all ] && { install_redis; what=etcd; }
 fi
 
 case "$what" in
   kube) build_kube ;;
   etcd) for v in $ETCD_VERSIONS; do build_etcd "$v"; done ;;
-  all) for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube ;;
-  *) say "unknown target '$what': use kube, etcd or all"; exit 2 ;;
+  redis) install_redis ;;
+  all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube ;;
+  *) say "unknown target '$what': use kube, etcd, redis or all"; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
-//! Locating the kube-apiserver, kube-controller-manager and etcd binaries, building them once per
-//! process with `tests/env/build-binaries.sh` when they are missing.
+//! Locating the kube-apiserver, kube-controller-manager, etcd and redis binaries, building (or
+//! installing) them once per process with `tests/env/build-binaries.sh` when they are missing.
 //!
 //! Versions come from `tests/env/versions.env`; the cache is
 //! `${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}/bin`. `KUBEBUILDER_ASSETS`, when set to a
@@ -17,6 +17,7 @@ use crate::{Error, Result};
 pub struct Binaries {
     kubernetes_version: String,
     etcd_versions: Vec<String>,
+    redis_series: String,
     cache_bin: PathBuf,
     assets: Option<PathBuf>,
 }
@@ -96,6 +97,7 @@ impl Binaries {
                 reason: "ETCD_VERSIONS is empty".into(),
             });
         }
+        let redis_series = var("REDIS_SERIES")?;
         let cache = match std::env::var_os("POLICY_HOST_CACHE") {
             Some(dir) => PathBuf::from(dir),
             None => std::env::var_os("HOME")
@@ -109,6 +111,7 @@ impl Binaries {
         Ok(Binaries {
             kubernetes_version,
             etcd_versions,
+            redis_series,
             cache_bin: cache.join("bin"),
             assets,
         })
@@ -130,7 +133,34 @@ impl Binaries {
                 }
             }
         }
+        let redis = self.redis_series_dir();
+        for name in ["redis-server", "redis-cli"] {
+            if !redis.join(name).is_file() {
+                missing.push(redis.join(name).display().to_string());
+            }
+        }
         missing
+    }
+
+    fn redis_series_dir(&self) -> PathBuf {
+        self.cache_bin.join(format!("redis-{}", self.redis_series))
+    }
+
+    /// The full version of the installed redis-server (`7.0.15`), if installed.
+    pub fn redis_version(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.redis_series_dir().join("VERSION")).ok()?;
+        Some(text.trim().to_owned()).filter(|v| !v.is_empty())
+    }
+
+    /// Directory holding `redis-server` and `redis-cli` for an image tag `version` of the
+    /// installed series (`7.0.15`, `7.0.11` or `7.0`): the distribution picks the patch
+    /// release, so any patch of the series runs the installed one.
+    pub fn redis_dir(&self, version: &str) -> Option<PathBuf> {
+        self.redis_version()?;
+        let matches =
+            version == self.redis_series || version.starts_with(&format!("{}.", self.redis_series));
+        let dir = self.redis_series_dir();
+        (matches && dir.join("redis-server").is_file()).then_some(dir)
     }
 
     fn kubernetes_dir(&self) -> PathBuf {

@@ -15,6 +15,9 @@ use crate::Binaries;
 pub(crate) enum Image {
     /// An etcd image whose version is built: programs are taken from this directory.
     Etcd(PathBuf),
+    /// A redis image of the installed series: `redis-server` and `redis-cli` are taken from
+    /// this directory.
+    Redis(PathBuf),
     /// Any other image: programs are the machine's own.
     Host,
 }
@@ -27,13 +30,30 @@ pub(crate) struct NotStartable {
 }
 
 /// Maps an image reference to local programs. `etcd`, `*/etcd` with a tag `v3.x.y` or `3.x.y`
-/// (an `-N` suffix, as in registry.k8s.io/etcd:3.5.21-0, is ignored) are the cached etcd builds.
+/// (an `-N` suffix, as in registry.k8s.io/etcd:3.5.21-0, is ignored) are the cached etcd builds;
+/// `redis`, `*/redis` with a tag of the installed series (`7.0.15`, `7.0`; a `-suffix` such as
+/// `-alpine` is ignored) is the installed redis-server.
 pub(crate) fn resolve_image(image: &str, binaries: &Binaries) -> Result<Image, NotStartable> {
     let without_digest = image.split('@').next().unwrap_or(image);
     let (repository, tag) = match without_digest.rsplit_once(':') {
         Some((repo, tag)) if !tag.contains('/') => (repo, tag),
         _ => (without_digest, "latest"),
     };
+    if repository == "redis" || repository.ends_with("/redis") {
+        let version = tag.split('-').next().unwrap_or(tag);
+        return match binaries.redis_dir(version) {
+            Some(dir) => Ok(Image::Redis(dir)),
+            None => Err(NotStartable {
+                reason: "ErrImagePull",
+                message: format!(
+                    "redis {version} (image {image}) is not installed here (available: {}); set REDIS_SERIES in tests/env/versions.env and run tests/env/build-binaries.sh redis",
+                    binaries
+                        .redis_version()
+                        .unwrap_or_else(|| "none".to_owned())
+                ),
+            }),
+        };
+    }
     if repository != "etcd" && !repository.ends_with("/etcd") {
         return Ok(Image::Host);
     }
@@ -245,7 +265,7 @@ pub(crate) async fn environment(
 pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String)> {
     match image {
         Image::Etcd(_) => vec![("ETCDCTL_ENDPOINTS".to_owned(), format!("http://{ip}:2379"))],
-        Image::Host => Vec::new(),
+        Image::Redis(_) | Image::Host => Vec::new(),
     }
 }
 
@@ -253,7 +273,7 @@ pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String
 pub(crate) fn path_var(image: &Image) -> String {
     let system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     match image {
-        Image::Etcd(dir) => format!("{}:{system}", dir.display()),
+        Image::Etcd(dir) | Image::Redis(dir) => format!("{}:{system}", dir.display()),
         Image::Host => system.to_owned(),
     }
 }
@@ -270,6 +290,8 @@ pub(crate) fn argv(
         match image {
             // The etcd images' entrypoint.
             Image::Etcd(_) => argv.push("etcd".into()),
+            // The redis images' entrypoint runs redis-server.
+            Image::Redis(_) => argv.push("redis-server".into()),
             Image::Host => {
                 return Err(NotStartable {
                     reason: "CreateContainerConfigError",
@@ -293,7 +315,7 @@ pub(crate) fn argv(
 /// Replaces `argv[0]` by the image's program of the same basename (`/usr/local/bin/etcd` → the
 /// cached etcd), if the image has one.
 pub(crate) fn resolve_program(argv: &mut [String], image: &Image) {
-    if let (Image::Etcd(dir), Some(program)) = (image, argv.first_mut()) {
+    if let (Image::Etcd(dir) | Image::Redis(dir), Some(program)) = (image, argv.first_mut()) {
         let base = Path::new(program.as_str())
             .file_name()
             .map(|b| b.to_string_lossy().into_owned())
