@@ -25,7 +25,7 @@ use std::time::SystemTime;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::decide::contract::CONTRACT_VERSION;
+use crate::decide::contract::{CONTRACT_VERSION, PREVIOUS_CONTRACT_VERSIONS};
 use crate::decide::{DecideError, Limits, Plugin, Sandbox};
 use crate::policy_store::{Grants, LoadedPolicy};
 use artifact_cache::{ArtifactCache, CacheOutcome};
@@ -97,7 +97,8 @@ pub enum LoadError {
     },
     /// The component was built against an older, incompatible contract.
     #[error(
-        "plugin {source_name} was built against {CONTRACT_PACKAGE}@{found}, which this host (serving {CONTRACT_VERSION}) does not support; rebuild the plugin against {CONTRACT_VERSION}"
+        "plugin {source_name} was built against {CONTRACT_PACKAGE}@{found}, which this host (serving {CONTRACT_VERSION}, and {previous:?} for older plugins) does not support; rebuild the plugin against {CONTRACT_VERSION}",
+        previous = PREVIOUS_CONTRACT_VERSIONS
     )]
     UnsupportedContract {
         /// The version the plugin names.
@@ -296,7 +297,12 @@ fn check_contract(
     engine: &Engine,
     component: &Component,
 ) -> Result<(), LoadError> {
-    let served = parse_version(CONTRACT_VERSION).unwrap_or((0, 1, 0));
+    let served = parse_version(CONTRACT_VERSION).unwrap_or((0, 2, 0));
+    // The previous minors the host still serves, through bindings of their frozen WIT.
+    let previous: Vec<(u64, u64, u64)> = PREVIOUS_CONTRACT_VERSIONS
+        .iter()
+        .filter_map(|v| parse_version(v))
+        .collect();
     let ty = component.component_type();
     let imports = ty.imports(engine).map(|(name, _)| name.to_string());
     let exports: Vec<String> = ty
@@ -323,8 +329,12 @@ fn check_contract(
                 source_name: source_name.to_string(),
             });
         };
+        let compatible_with_previous = previous
+            .iter()
+            .any(|&p| contract_compatibility(found, p) == std::cmp::Ordering::Equal);
         match contract_compatibility(found, served) {
             std::cmp::Ordering::Equal => {}
+            std::cmp::Ordering::Less if compatible_with_previous => {}
             std::cmp::Ordering::Greater => {
                 return Err(LoadError::TooNewContract {
                     found: version.to_string(),
