@@ -74,7 +74,9 @@ pub async fn validate(
     let info = plugin.info();
     Ok(serde_json::json!({
         "valid": true,
-        "contract": format!("{CONTRACT_PACKAGE}@{CONTRACT_VERSION}"),
+        // The version the plugin was built against (a 0.1 plugin is served beside 0.2).
+        "contract": format!("{CONTRACT_PACKAGE}@{}", plugin.contract_version()),
+        "hostContract": format!("{CONTRACT_PACKAGE}@{CONTRACT_VERSION}"),
         "world": "policy-plugin",
         "name": info.name,
         "version": info.version,
