@@ -20,7 +20,9 @@
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench scale`.
 //! `SCALE_BENCH_STEPS` (default `1,10,100,1000`), `SCALE_BENCH_SECONDS` (per round, default 5),
-//! `SCALE_BENCH_ROUNDS` (default 3), `SCALE_BENCH_CONCURRENCY` (default 8).
+//! `SCALE_BENCH_ROUNDS` (default 3), `SCALE_BENCH_CONCURRENCY` (default 8). Each step is
+//! measured twice, by two fresh host processes: caching objects as the API server sends them,
+//! and dropping `metadata.managedFields` on the way into the caches.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -109,7 +111,9 @@ struct HostCaches {
 }
 
 impl HostCaches {
-    async fn start(client: &Client, namespace: &str, plugin: Plugin) -> Result<Self> {
+    /// `strip`: drop `metadata.managedFields` on the way into the caches (kube-rs
+    /// `WatchStreamExt::modify`), the usual memory saving of kube-rs controllers.
+    async fn start(client: &Client, namespace: &str, plugin: Plugin, strip: bool) -> Result<Self> {
         let info = plugin.info().clone();
         let mut tasks = Vec::new();
         let parent_resource = api_resource(&info.target);
@@ -119,6 +123,7 @@ impl HostCaches {
             Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &parent_resource);
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
+            .modify(move |o: &mut DynamicObject| strip_managed_fields(o, strip))
             .reflect(writer);
         tasks.push(tokio::spawn(stream.for_each(|_| async {})));
         let mut caches = Vec::new();
@@ -129,7 +134,10 @@ impl HostCaches {
             let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
             let config =
                 watcher::Config::default().labels(&format!("{POLICY_LABEL}={}", info.name));
-            let stream = watcher(api, config).default_backoff().reflect(writer);
+            let stream = watcher(api, config)
+                .default_backoff()
+                .modify(move |o: &mut DynamicObject| strip_managed_fields(o, strip))
+                .reflect(writer);
             tasks.push(tokio::spawn(stream.for_each(|_| async {})));
             caches.push(ChildCache {
                 kind: kind.clone(),
@@ -266,6 +274,31 @@ impl Drop for HostCaches {
     }
 }
 
+fn strip_managed_fields(object: &mut DynamicObject, strip: bool) {
+    if strip {
+        object.managed_fields_mut().clear();
+    }
+}
+
+/// CPU time this process has used (user + system, `/proc/self/stat` fields 14 and 15).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1.to_owned();
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    // The kernel's USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
+}
+
 /// A steady decision changes no member: no Pod applied, nothing deleted.
 fn is_steady(decision: &Decision) -> bool {
     decision.actions.iter().all(|action| match action {
@@ -316,15 +349,15 @@ async fn bench() -> Result<()> {
         .context("loading guest-etcd")?;
     let policy = plugin.info().name.clone();
     let executor = Executor::new(client.clone(), plugin.label(), plugin.info());
-    let host = HostCaches::start(&client, &namespace, plugin).await?;
+    let host = HostCaches::start(&client, &namespace, plugin, false).await?;
 
     println!(
         "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}"
     );
     println!(
-        "| clusters | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | observe p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
+        "| clusters | managedFields in cache | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|");
     let mut created = 0;
     for &target in &steps {
         let started = Instant::now();
@@ -367,44 +400,50 @@ async fn bench() -> Result<()> {
             wrote.as_secs_f64()
         );
 
-        let config = json!({
-            "kubeconfig": env.kubeconfig_path(),
-            "namespace": namespace,
-            "wasm": wasm,
-            "cache": cache_dir,
-            "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
-            "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
-            "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
-            "expect": target,
-        });
-        let child = tokio::process::Command::new(std::env::current_exe()?)
-            .env(HOST_CHILD, config.to_string())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .await?;
-        let stdout = String::from_utf8_lossy(&child.stdout);
-        if !child.status.success() {
-            return Err(anyhow!(
-                "the host process for {target} clusters failed ({}): {stdout}",
-                child.status
-            ));
+        for strip in [false, true] {
+            let config = json!({
+                "kubeconfig": env.kubeconfig_path(),
+                "namespace": namespace,
+                "wasm": wasm,
+                "cache": cache_dir,
+                "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
+                "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
+                "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
+                "expect": target,
+                "strip": strip,
+            });
+            let child = tokio::process::Command::new(std::env::current_exe()?)
+                .env(HOST_CHILD, config.to_string())
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .await?;
+            let stdout = String::from_utf8_lossy(&child.stdout);
+            if !child.status.success() {
+                return Err(anyhow!(
+                    "the host process for {target} clusters failed ({}): {stdout}",
+                    child.status
+                ));
+            }
+            let report: Value = serde_json::from_str(stdout.trim())
+                .with_context(|| format!("the host process printed {stdout}"))?;
+            println!(
+                "| {target} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
+                if strip { "stripped" } else { "kept" },
+                report["objects"],
+                report["sync_ms"],
+                report["rss_synced_mib"].as_f64().unwrap_or(0.0),
+                report["rss_after_mib"].as_f64().unwrap_or(0.0),
+                report["rate_median"].as_f64().unwrap_or(0.0),
+                report["rates"],
+                report["per_cpu_second"].as_f64().unwrap_or(0.0),
+                report["observation_bytes"],
+                report["observe_p50_us"].as_f64().unwrap_or(0.0),
+                report["decide_p50_us"].as_f64().unwrap_or(0.0),
+                report["steady"],
+                report["checked"],
+            );
+            eprintln!("[scale] {target}: {report}");
         }
-        let report: Value = serde_json::from_str(stdout.trim())
-            .with_context(|| format!("the host process printed {stdout}"))?;
-        println!(
-            "| {target} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
-            report["objects"],
-            report["sync_ms"],
-            report["rss_synced_mib"].as_f64().unwrap_or(0.0),
-            report["rss_after_mib"].as_f64().unwrap_or(0.0),
-            report["rate_median"].as_f64().unwrap_or(0.0),
-            report["rates"],
-            report["observe_p50_us"].as_f64().unwrap_or(0.0),
-            report["decide_p50_us"].as_f64().unwrap_or(0.0),
-            report["steady"],
-            report["checked"],
-        );
-        eprintln!("[scale] {target}: {report}");
     }
     let _ = std::fs::remove_dir_all(&cache_dir);
     Ok(())
@@ -577,7 +616,8 @@ async fn host_child(config: Value) -> Result<Value> {
         .await?;
     let rss_loaded = status_kib("VmRSS:");
     let started = Instant::now();
-    let host = HostCaches::start(&client, &namespace, plugin).await?;
+    let strip = config["strip"].as_bool().unwrap_or(false);
+    let host = HostCaches::start(&client, &namespace, plugin, strip).await?;
     let expect = config["expect"].as_u64().unwrap_or(0) as usize;
     wait_cached(&host, expect, true).await?;
     let sync_ms = started.elapsed().as_millis();
@@ -592,7 +632,16 @@ async fn host_child(config: Value) -> Result<Value> {
 
     // Every parent once, checking the decision is the steady one.
     let mut steady = 0;
+    let mut observation_bytes = 0;
     for (parent, script) in parents.iter().zip(scripts.iter()) {
+        let observed = observe(parent, &host.caches)?;
+        observation_bytes += observed.observation.parent.len()
+            + observed
+                .observation
+                .children
+                .iter()
+                .map(|c| c.object.len())
+                .sum::<usize>();
         let (_, decision, _, _) = host.decide(parent, script).await?;
         if is_steady(&decision) {
             steady += 1;
@@ -603,11 +652,13 @@ async fn host_child(config: Value) -> Result<Value> {
     let rounds = config["rounds"].as_u64().unwrap_or(3) as usize;
     let concurrency = config["concurrency"].as_u64().unwrap_or(8) as usize;
     let mut rates = Vec::new();
+    let mut cpu_rates = Vec::new();
     let (mut observe_times, mut decide_times) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let next = Arc::new(AtomicUsize::new(0));
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
         let round_started = Instant::now();
+        let cpu_started = cpu_time();
         let mut workers = tokio::task::JoinSet::new();
         for _ in 0..concurrency {
             let (host, parents, scripts, next) =
@@ -632,6 +683,7 @@ async fn host_child(config: Value) -> Result<Value> {
             }
         }
         rates.push(decisions as f64 / round_started.elapsed().as_secs_f64());
+        cpu_rates.push(decisions as f64 / (cpu_time() - cpu_started).as_secs_f64().max(0.01));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = status_kib("VmRSS:");
@@ -648,6 +700,9 @@ async fn host_child(config: Value) -> Result<Value> {
         "hwm_mib": mib(status_kib("VmHWM:")),
         "rates": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "rate_median": median(rates.clone()),
+        "per_cpu_second": median(cpu_rates.clone()),
+        "observation_bytes": observation_bytes / parents.len().max(1),
+        "strip_managed_fields": strip,
         "observe_p50_us": micros(percentile(&mut observe_times, 50)),
         "observe_p99_us": micros(percentile(&mut observe_times, 99)),
         "decide_p50_us": micros(percentile(&mut decide_times, 50)),
