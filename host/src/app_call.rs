@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::app_exchange::ExchangeRound;
 use crate::decide::contract::app_call::{CallError, Method, Request, Response};
-use crate::policy_store::Grants;
 use crate::decide::contract::exchange::ExchangeError;
+use crate::policy_store::Grants;
 
 /// How long one app-call may take before the plugin gets `timeout`.
 pub const APP_CALL_TIMEOUT: Duration = Duration::from_secs(5);

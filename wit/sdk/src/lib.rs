@@ -67,11 +67,11 @@ pub mod testing;
 pub mod wasm;
 
 pub use app_call::AppCall;
-pub use exchange::{ExchangeError, ExchangeRequest};
 pub use contract::{
     Action, AppCallError, AppCallRequest, AppCallResponse, Capability, Child, Decision, Event,
     EventType, FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
 };
+pub use exchange::{ExchangeError, ExchangeRequest};
 
 /// The names a plugin usually needs: `use policy_host_sdk::prelude::*;`.
 pub mod prelude {
