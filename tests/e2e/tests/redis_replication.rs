@@ -1,5 +1,4 @@
-//! The Redis plugin end to end: a real kube-apiserver (and kube-controller-manager, whose
-//! EndpointSlice controller fills the client Service), the pod runner running real
+//! The Redis plugin end to end: a real kube-apiserver, the pod runner running real
 //! `redis-server` processes, policy-host in-process with the compiled `guest-redis` component
 //! reaching Redis only through the generic `exchange` capability, and assertions through a
 //! real Redis client (`redis-cli`).
@@ -8,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
@@ -126,31 +124,27 @@ async fn converged(
     .await?)
 }
 
-/// Waits until the client Service's endpoints are exactly `ip`.
+/// Waits until the client Service's selector selects exactly the Pod whose IP is `ip`.
 async fn service_points_at(
     client: &kube::Client,
     namespace: &str,
     service: &str,
     ip: &str,
 ) -> anyhow::Result<()> {
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
-    let selector = format!("kubernetes.io/service-name={service}");
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     wait_for(
-        &format!("Service {service} to point at {ip} only"),
+        &format!("Service {service} to select the pod at {ip} only"),
         CONVERGE,
         || async {
-            let list = slices
-                .list(&ListParams::default().labels(&selector))
+            let selector = services.get(service).await.ok()?.spec?.selector?;
+            let selector: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let selected = pods
+                .list(&ListParams::default().labels(&selector.join(",")))
                 .await
                 .ok()?;
-            let ready: Vec<String> = list
-                .items
-                .iter()
-                .flat_map(|s| s.endpoints.iter())
-                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-                .flat_map(|e| e.addresses.iter().cloned())
-                .collect();
-            (ready == [ip.to_owned()]).then_some(())
+            let ips: Vec<String> = selected.items.iter().filter_map(pod_ip).collect();
+            (ips == [ip.to_owned()]).then_some(())
         },
     )
     .await?;
