@@ -49,7 +49,10 @@ const CONVERGE: Duration = Duration::from_secs(240);
 /// Every request the host's kube client made: method, path, when it started, how long it took
 /// until the response headers.
 #[derive(Clone, Default)]
-struct RequestLog(Arc<Mutex<Vec<(http::Method, String, Instant, Duration)>>>);
+struct RequestLog(Arc<Mutex<Vec<TimedRequest>>>);
+
+/// Method, path, start, time to the response headers.
+type TimedRequest = (http::Method, String, Instant, Duration);
 
 impl RequestLog {
     /// Writes (every method but GET) since `since`: count and summed duration.
