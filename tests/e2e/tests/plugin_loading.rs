@@ -5,7 +5,7 @@
 //! versions that write their own version into each Probe's status, so every decision says
 //! which version made it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -423,70 +423,5 @@ async fn a_shadow_compares_without_acting_and_is_promoted_by_one_field() -> anyh
 
     host.stop().await;
     release(&api, &["shadowed"]).await;
-    Ok(())
-}
-
-/// Time from applying a pack ConfigMap to the new version's first decision, over alternating
-/// swaps between two versions (the first load of each compiles; later ones hit the artifact
-/// cache). Prints the figures; run with
-/// `cargo test -p policy-host-e2e --test plugin_loading -- --ignored --nocapture swap_latency`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: prints figures for BENCHMARKS.md"]
-async fn swap_latency() -> anyhow::Result<()> {
-    init_logging();
-    const REPEATS: usize = 11;
-    let (v1, v2) = (build("1.0.0")?, build("2.0.0")?);
-    let env = shared().await?;
-    let client = env.client().await?;
-    install_crd_object(&client, probe_crd()?).await?;
-    let namespace = env.create_namespace("swap-latency").await?;
-    let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
-
-    let mut samples = Vec::new();
-    for round in 0..REPEATS + 2 {
-        let (bytes, version) = if round % 2 == 0 {
-            (&v1, "1.0.0")
-        } else {
-            (&v2, "2.0.0")
-        };
-        let started = Instant::now();
-        apply_pack(&config_maps, packed(bytes)?).await?;
-        if round == 0 {
-            apply_probe(&api, "timed", "a").await?;
-        }
-        loop {
-            if plugin_version_in_status(&api, "timed").await.as_deref() == Some(version) {
-                break;
-            }
-            if started.elapsed() > WAIT {
-                anyhow::bail!("version {version} did not decide within {WAIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let took = started.elapsed();
-        println!(
-            "round {round}: {version} deciding {took:?} after the apply{}",
-            if round < 2 {
-                " (first load: compiles)"
-            } else {
-                ""
-            }
-        );
-        if round >= 2 {
-            samples.push(took);
-        }
-    }
-    samples.sort();
-    let median = samples[samples.len() / 2];
-    println!(
-        "swap latency over {} cached swaps: median {median:?}, min {:?}, max {:?}",
-        samples.len(),
-        samples[0],
-        samples[samples.len() - 1]
-    );
-    host.stop().await;
-    release(&api, &["timed"]).await;
     Ok(())
 }
