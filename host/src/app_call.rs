@@ -12,7 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::app_exchange::ExchangeRound;
-use crate::decide::contract::app_call::{CallError, Method, Request, Response};
+use crate::app_tls::AppTls;
+use crate::decide::contract::app_call::{CallError, Method, Request, Response, TlsClient};
 use crate::decide::contract::exchange::ExchangeError;
 use crate::policy_store::Grants;
 
@@ -317,6 +318,8 @@ pub struct AppCallScope {
     pods: HashMap<String, PodEndpoint>,
     grants: Grants,
     client: Option<reqwest::Client>,
+    /// TLS for `call-tls`, with the parent's namespace (where its Secrets are read).
+    tls: Option<(AppTls, String)>,
     script: Option<AppCallScript>,
     recorder: Option<AppCallRecorder>,
 }
@@ -339,9 +342,17 @@ impl AppCallScope {
             pods,
             grants,
             client: Some(client),
+            tls: None,
             script: None,
             recorder: None,
         }
+    }
+
+    /// The same scope, able to speak HTTPS with certificates from Secrets of `namespace` (the
+    /// parent's).
+    pub fn with_tls(mut self, tls: AppTls, namespace: String) -> Self {
+        self.tls = Some((tls, namespace));
+        self
     }
 
     /// The same scope, with every call and its answer (refusals included) written to
@@ -367,20 +378,25 @@ impl AppCallScope {
         &self.parent
     }
 
-    /// Checks the request against the scope, then sends it (or answers it from the script).
+    /// Checks the request against the scope, then sends it (over HTTPS with `tls`), or answers
+    /// it from the script. Scripts and recordings match on the request alone: TLS is how a
+    /// request travels, not what it asks.
     pub async fn call(
         &self,
         plugin: &str,
         request: Request,
+        tls: Option<&TlsClient>,
         body_limit: usize,
     ) -> Result<Response, CallError> {
         if let Some(script) = &self.script {
             return script.answer(request);
         }
         let Some(recorder) = &self.recorder else {
-            return self.call_live(plugin, request, body_limit).await;
+            return self.call_live(plugin, request, tls, body_limit).await;
         };
-        let answer = self.call_live(plugin, request.clone(), body_limit).await;
+        let answer = self
+            .call_live(plugin, request.clone(), tls, body_limit)
+            .await;
         recorder.record(request, &answer);
         answer
     }
@@ -389,24 +405,21 @@ impl AppCallScope {
         &self,
         plugin: &str,
         request: Request,
+        tls: Option<&TlsClient>,
         body_limit: usize,
     ) -> Result<Response, CallError> {
-        let url = self.authorize(&request).inspect_err(|error| {
+        let (client, url) = self.route(&request, tls).await.inspect_err(|error| {
             tracing::warn!(
                 plugin,
                 parent = %self.parent,
                 pod = %request.pod,
                 port = %request.port,
                 path = %request.path,
+                tls = tls.is_some(),
                 %error,
                 "app-call refused"
             );
         })?;
-        let Some(client) = &self.client else {
-            return Err(CallError::Refused(
-                "app-calls are not available here".to_string(),
-            ));
-        };
         let method = match request.method {
             Method::Get => reqwest::Method::GET,
             Method::Post => reqwest::Method::POST,
@@ -444,9 +457,42 @@ impl AppCallScope {
         Ok(Response { status, body })
     }
 
-    /// Resolves the request to a URL, or says why it is refused.
-    fn authorize(&self, request: &Request) -> Result<String, CallError> {
-        let (host, port) =
+    /// The client to send the request with and its URL, or why it is refused.
+    async fn route(
+        &self,
+        request: &Request,
+        tls: Option<&TlsClient>,
+    ) -> Result<(reqwest::Client, String), CallError> {
+        let (host, port) = self.authorize(request)?;
+        let Some(client) = &self.client else {
+            return Err(CallError::Refused(
+                "app-calls are not available here".to_string(),
+            ));
+        };
+        let Some(tls) = tls else {
+            return Ok((client.clone(), format!("http://{host}:{port}{}", request.path)));
+        };
+        let Some((app_tls, namespace)) = &self.tls else {
+            return Err(CallError::Refused(
+                "TLS app-calls are not available here".to_string(),
+            ));
+        };
+        let ip: std::net::IpAddr = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| {
+                CallError::Unreachable(format!("pod `{}` has no usable IP: {host}", request.pod))
+            })?;
+        let (client, base) = app_tls
+            .client_for(namespace, tls, std::net::SocketAddr::new(ip, port))
+            .await?;
+        Ok((client, format!("{base}{}", request.path)))
+    }
+
+    /// Resolves the request to a host and port, or says why it is refused.
+    fn authorize(&self, request: &Request) -> Result<(String, u16), CallError> {
+        let endpoint =
             self.authorize_endpoint(&request.pod, &request.port, &self.grants.app_call_ports)?;
         if !request.path.starts_with('/') {
             return Err(CallError::Refused(format!(
@@ -454,7 +500,7 @@ impl AppCallScope {
                 request.path
             )));
         }
-        Ok(format!("http://{host}:{port}{}", request.path))
+        Ok(endpoint)
     }
 
     /// Resolves a port of a Pod the parent controls, granted in `granted` (the app-call or
@@ -568,15 +614,11 @@ mod tests {
         )]);
         let scope = AppCallScope::scripted("ns/db".into(), script.clone());
         let answered = scope
-            .call(
-                "p",
-                request("db-0", "client", "/v3/cluster/member/list"),
-                1024,
-            )
+            .call("p", request("db-0", "client", "/v3/cluster/member/list"), None, 1024)
             .await;
         assert_eq!(answered.map(|r| r.status), Ok(200));
         let unknown = scope
-            .call("p", request("db-1", "client", "/health"), 1024)
+            .call("p", request("db-1", "client", "/health"), None, 1024)
             .await;
         assert!(
             matches!(&unknown, Err(CallError::Unreachable(m)) if m.contains("no scripted answer")),
@@ -592,7 +634,7 @@ mod tests {
         let live = scope().recorded_by(recorder.clone());
         // Refused before any network: the refusal is recorded like an answer.
         let refused = live
-            .call("p", request("other-0", "client", "/health"), 1024)
+            .call("p", request("other-0", "client", "/health"), None, 1024)
             .await;
         assert!(matches!(refused, Err(CallError::Refused(_))), "{refused:?}");
         assert_eq!(recorder.calls(), [request("other-0", "client", "/health")]);
@@ -610,16 +652,16 @@ mod tests {
         ]);
         let replay = AppCallScope::scripted("ns/db".into(), script.clone());
         let statuses = [
-            replay.call("p", polled.clone(), 1024).await,
-            replay.call("p", polled.clone(), 1024).await,
-            replay.call("p", polled.clone(), 1024).await,
+            replay.call("p", polled.clone(), None, 1024).await,
+            replay.call("p", polled.clone(), None, 1024).await,
+            replay.call("p", polled.clone(), None, 1024).await,
         ]
         .map(|answer| answer.map(|r| r.status));
         assert_eq!(statuses, [Ok(503), Ok(200), Ok(200)]);
 
         let mut other_body = polled.clone();
         other_body.body = Some("{}".into());
-        let unrecorded = replay.call("p", other_body, 1024).await;
+        let unrecorded = replay.call("p", other_body, None, 1024).await;
         assert!(
             matches!(&unrecorded, Err(CallError::Unreachable(m)) if m.contains("recorded run made no")),
             "{unrecorded:?}"
@@ -658,7 +700,9 @@ mod tests {
             ),
         ];
         for (situation, req, expected) in rows {
-            let got = scope.authorize(&req);
+            let got = scope
+                .authorize(&req)
+                .map(|(host, port)| format!("http://{host}:{port}{}", req.path));
             match (expected, got) {
                 (Ok(url), Ok(got)) => assert_eq!(got, url, "{situation}"),
                 (Err(fragment), Err(CallError::Refused(message))) => {

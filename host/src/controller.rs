@@ -85,6 +85,8 @@ pub struct PolicyController {
     executor: Executor,
     metrics: Metrics,
     http: reqwest::Client,
+    /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
+    tls: crate::app_tls::AppTls,
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
 }
 
@@ -164,6 +166,7 @@ pub async fn run(
             store: reader,
         });
     }
+    let tls = crate::app_tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
         executor: Executor::new(client.clone(), loaded.plugin.label(), &info),
         client,
@@ -173,6 +176,7 @@ pub async fn run(
         parent_resource,
         metrics,
         http: crate::app_call::http_client(),
+        tls,
         failures: Mutex::new(HashMap::new()),
     });
     tracing::info!(
@@ -230,7 +234,8 @@ async fn reconcile(
         observed.pods.clone(),
         loaded.grants.clone(),
         ctx.http.clone(),
-    );
+    )
+    .with_tls(ctx.tls.clone(), parent.namespace().unwrap_or_default());
     let started = Instant::now();
     if deleting {
         let doing = format!("finalizing {label}");

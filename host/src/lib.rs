@@ -8,7 +8,8 @@
 //! - [`decide`] — the plugin, in its wasmtime sandbox, turns that into a decision;
 //! - [`act`] — the decision becomes server-side applies, deletes, status and Events.
 //!
-//! Plugins reach the outside only through [`app_call`]. Loading is a separate concern:
+//! Plugins reach the outside only through [`app_call`] (over HTTPS with certificates from
+//! [`app_tls`]) and [`app_exchange`]. Loading is a separate concern:
 //! [`load`] turns files and labelled ConfigMaps into checked, compiled plugins,
 //! [`policy_store`] holds what is loaded and swaps it atomically, and [`supervisor`] keeps one
 //! controller running per loaded policy.
@@ -17,6 +18,7 @@ pub mod act;
 pub mod admin;
 pub mod app_call;
 pub mod app_exchange;
+pub mod app_tls;
 pub mod controller;
 pub mod decide;
 pub mod load;

@@ -1,7 +1,9 @@
-//! The host serves two contract versions: a plugin built against the frozen 0.1.0 WIT
-//! (`tests/plugins/contract-v0-1`) and one built against the current 0.2.0 (`guest-redis`) both
-//! pass the load check, describe themselves and decide, each through its own bindings; the 0.2
-//! plugin's exchanges are answered by a scripted scope, as in `simulate` and shadow mode.
+//! The host serves every contract version it promises: a plugin built against the frozen 0.1.0
+//! WIT (`tests/plugins/contract-v0-1`), one built against the frozen 0.2.0
+//! (`tests/plugins/contract-v0-2`) and one built against the current 0.2.1 (`guest-redis`) all
+//! pass the load check, describe themselves and decide; 0.1 through its own bindings, 0.2.0
+//! through the current ones (wasmtime links semver-compatible names). The 0.2.1 plugin's
+//! exchanges are answered by a scripted scope, as in `simulate` and shadow mode.
 
 use policy_host::app_call::{AppCallScope, AppCallScript};
 use policy_host::app_exchange::ExchangeRound;
@@ -42,12 +44,12 @@ fn applied(actions: &[Action]) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_built_against_0_1_loads_and_decides_unchanged() {
-    assert_eq!(CONTRACT_VERSION, "0.2.0");
-    let plugin = load("contract-v0-1-policy").await;
-    assert_eq!(plugin.contract_version(), "0.1.0");
-    assert_eq!(plugin.info().name, "legacy-v01");
+/// Loads `package`, checks its contract and name, and runs one reconcile whose one app-call is
+/// answered by a script: the ConfigMap it applies carries that answer.
+async fn decides_with_one_app_call(package: &str, contract: &str, name: &str, suffix: &str) {
+    let plugin = load(package).await;
+    assert_eq!(plugin.contract_version(), contract);
+    assert_eq!(plugin.info().name, name);
     assert_eq!(
         plugin.info().capabilities,
         [Capability::AppCall("http".into())]
@@ -75,15 +77,26 @@ async fn a_plugin_built_against_0_1_loads_and_decides_unchanged() {
             "testing",
         )
         .await
-        .expect("the 0.1 plugin decides");
+        .unwrap_or_else(|e| panic!("the {contract} plugin decides: {e}"));
     let objects = applied(&decision.actions);
     assert_eq!(objects.len(), 1, "{objects:?}");
-    assert_eq!(objects[0]["metadata"]["name"], "old-v01");
+    assert_eq!(objects[0]["metadata"]["name"], format!("old-{suffix}"));
     assert_eq!(
         objects[0]["data"]["appCall"], "200 hello",
-        "its 0.1 app-call import reached the host's app-call scope"
+        "its {contract} app-call import reached the host's app-call scope"
     );
     assert_eq!(script.calls().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_against_0_1_loads_and_decides_unchanged() {
+    assert_eq!(CONTRACT_VERSION, "0.2.1");
+    decides_with_one_app_call("contract-v0-1-policy", "0.1.0", "legacy-v01", "v01").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_against_0_2_0_loads_and_decides_unchanged() {
+    decides_with_one_app_call("contract-v0-2-policy", "0.2.0", "legacy-v020", "v020").await;
 }
 
 fn pod(name: &str, ip: &str) -> Child {
@@ -127,7 +140,7 @@ fn round(pod: &str, request: Vec<u8>, reply: Vec<u8>) -> ExchangeRound {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_built_against_0_2_exchanges_bytes_through_a_scripted_scope() {
     let plugin = load("guest-redis").await;
-    assert_eq!(plugin.contract_version(), "0.2.0");
+    assert_eq!(plugin.contract_version(), "0.2.1");
     assert_eq!(
         plugin.info().capabilities,
         [Capability::Exchange("redis".into())]

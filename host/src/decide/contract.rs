@@ -28,7 +28,19 @@ pub use generated::policy_host::policy::types::{
 };
 
 /// The contract version this host serves, from the WIT package.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.2.1";
+
+/// The version of the contract's `policy` interface a component exports (`0.2.1`, `0.2.0`,
+/// `0.1.0`, ...), if it exports one: what the plugin was built against.
+pub fn exported_version(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Option<String> {
+    component
+        .component_type()
+        .exports(engine)
+        .find_map(|(name, _)| {
+            name.strip_prefix("policy-host:policy/policy@")
+                .map(str::to_owned)
+        })
+}
 
 /// Older contract versions this host also serves, each through bindings of its frozen WIT
 /// (see [`super::contract_v0_1`]).

@@ -287,6 +287,8 @@ impl Sandbox {
         } else {
             ContractPre::Current(PolicyPluginPre::new(pre).map_err(|e| load_error(source_name, e))?)
         };
+        let contract_version = contract::exported_version(&self.engine, component)
+            .unwrap_or_else(|| pre.version().to_owned());
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
                 pre,
@@ -294,6 +296,7 @@ impl Sandbox {
                 label: source_name.to_string(),
                 limits,
                 content_sha256,
+                contract_version,
                 sandbox: self.clone(),
             }),
         };
@@ -359,6 +362,7 @@ impl ContractPre {
         })
     }
 
+    /// The version a plugin on these bindings was built against, when its exports don't say.
     fn version(&self) -> &'static str {
         match self {
             ContractPre::Current(_) => contract::CONTRACT_VERSION,
@@ -436,6 +440,8 @@ struct PluginInner {
     label: String,
     limits: Limits,
     content_sha256: String,
+    /// The contract version the component exports (see [`Plugin::contract_version`]).
+    contract_version: String,
     sandbox: Sandbox,
 }
 
@@ -469,10 +475,10 @@ impl Plugin {
         &self.inner.limits
     }
 
-    /// The contract version the plugin was built against (`0.2.0`, or `0.1.0` for a plugin
-    /// served through the previous contract's bindings).
-    pub fn contract_version(&self) -> &'static str {
-        self.inner.pre.version()
+    /// The contract version the plugin was built against, as its component exports it
+    /// (`0.2.1`, `0.2.0`, or `0.1.0` for a plugin served through the previous minor's bindings).
+    pub fn contract_version(&self) -> &str {
+        &self.inner.contract_version
     }
 
     /// Asks the plugin to describe itself.
@@ -934,7 +940,26 @@ impl contract::app_call::Host for PluginState {
             )));
         }
         let limit = self.output_limit;
-        self.app_calls.call(&self.label, request, limit).await
+        self.app_calls.call(&self.label, request, None, limit).await
+    }
+
+    async fn call_tls(
+        &mut self,
+        request: contract::app_call::Request,
+        tls: contract::app_call::TlsClient,
+    ) -> Result<contract::app_call::Response, contract::app_call::CallError> {
+        let size = request.body.as_ref().map_or(0, |b| b.len()) + request.path.len();
+        if size > self.output_limit {
+            self.note_oversized_output(size);
+            return Err(contract::app_call::CallError::Refused(format!(
+                "request of {size} bytes is over the plugin's {} byte output limit",
+                self.output_limit
+            )));
+        }
+        let limit = self.output_limit;
+        self.app_calls
+            .call(&self.label, request, Some(&tls), limit)
+            .await
     }
 }
 

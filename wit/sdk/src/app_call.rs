@@ -30,6 +30,7 @@ pub trait AppCall {
             method: Method::Get,
             path: path.to_owned(),
             body: None,
+            tls: None,
         })
     }
 
@@ -47,6 +48,7 @@ pub trait AppCall {
             method: Method::Post,
             path: path.to_owned(),
             body: Some(body.to_string()),
+            tls: None,
         })
     }
 }

@@ -210,6 +210,20 @@ pub struct AppCallRequest {
     pub path: String,
     /// JSON request body, if any.
     pub body: Option<String>,
+    /// Send over HTTPS with these certificates (WIT `call-tls`, contract 0.2.1); `None` sends
+    /// plain HTTP (WIT `call`).
+    pub tls: Option<TlsClient>,
+}
+
+/// Client TLS for an app-call (WIT `app-call.tls-client`): the host reads the certificates
+/// from a Secret in the parent's namespace; the plugin only names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TlsClient {
+    /// A Secret in the parent's namespace with `ca.crt` and, for a client certificate,
+    /// `tls.crt` and `tls.key`.
+    pub secret: String,
+    /// The DNS name the app's server certificate must be valid for.
+    pub server_name: String,
 }
 
 /// A response to an app-call, whatever its status code (WIT `app-call.response`).

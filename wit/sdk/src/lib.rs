@@ -70,6 +70,7 @@ pub use app_call::AppCall;
 pub use contract::{
     Action, AppCallError, AppCallRequest, AppCallResponse, Capability, Child, Decision, Event,
     EventType, FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
+    TlsClient,
 };
 pub use exchange::{ExchangeError, ExchangeRequest};
 
@@ -82,6 +83,7 @@ pub mod prelude {
     pub use crate::contract::{
         Action, AppCallError, AppCallRequest, AppCallResponse, Capability, Child, Decision, Event,
         FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
+        TlsClient,
     };
 }
 

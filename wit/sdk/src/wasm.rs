@@ -53,7 +53,17 @@ impl AppCall for HostAppCall {
             path: request.path.clone(),
             body: request.body.clone(),
         };
-        wit_call::call(&wit_request)
+        let answer = match &request.tls {
+            Some(tls) => wit_call::call_tls(
+                &wit_request,
+                &wit_call::TlsClient {
+                    secret: tls.secret.clone(),
+                    server_name: tls.server_name.clone(),
+                },
+            ),
+            None => wit_call::call(&wit_request),
+        };
+        answer
             .map(|r| contract::AppCallResponse {
                 status: r.status,
                 body: r.body,
