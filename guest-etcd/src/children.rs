@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 /// budget.
 pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
 
-use crate::spec::{RestoreSpec, StorageSpec, ValidSpec};
+use crate::spec::{RestoreSpec, StorageSpec, TlsSpec, ValidSpec};
 
 /// Label every child carries: `app.kubernetes.io/name: etcd`.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
@@ -34,6 +34,12 @@ pub const ETCD_CONTAINER: &str = "etcd";
 pub const CLIENT_PORT: u16 = 2379;
 /// etcd's peer port.
 pub const PEER_PORT: u16 = 2380;
+/// Port of a TLS member's plain-HTTP `/health` and `/metrics`, for probes (kubelet presents no
+/// client certificate, so it cannot probe a client port that requires one).
+pub const METRICS_PORT: u16 = 2381;
+/// Where a TLS member's Secrets are mounted: `<TLS_MOUNT>/{peer,server}`, and a backup pod's
+/// operator Secret at `<TLS_MOUNT>/operator`.
+pub const TLS_MOUNT: &str = "/etc/etcd/tls";
 /// Where the data volume is mounted; etcd's data dir is `data` below it.
 pub const DATA_MOUNT: &str = "/var/lib/etcd";
 /// Where the backup Pod mounts the backup claim.
@@ -53,6 +59,8 @@ pub struct ClusterRef {
     pub name: String,
     /// `metadata.namespace` of the EtcdCluster.
     pub namespace: String,
+    /// Whether members speak TLS (`spec.tls`): URLs are `https`.
+    pub tls: bool,
 }
 
 impl ClusterRef {
@@ -115,17 +123,26 @@ impl ClusterRef {
 
     /// Stable DNS name of a member pod, through the headless service.
     pub fn member_host(&self, pod: &str) -> String {
-        format!("{pod}.{}.{}.svc", self.name, self.namespace)
+        format!("{pod}.{}", self.member_domain())
+    }
+
+    /// The domain of the members' DNS names: `<cluster>.<namespace>.svc`.
+    pub fn member_domain(&self) -> String {
+        format!("{}.{}.svc", self.name, self.namespace)
     }
 
     /// Peer URL of a member pod.
     pub fn peer_url(&self, pod: &str) -> String {
-        format!("http://{}:{PEER_PORT}", self.member_host(pod))
+        format!("{}://{}:{PEER_PORT}", self.scheme(), self.member_host(pod))
     }
 
     /// Client URL of a member pod.
     pub fn client_url(&self, pod: &str) -> String {
-        format!("http://{}:{CLIENT_PORT}", self.member_host(pod))
+        format!("{}://{}:{CLIENT_PORT}", self.scheme(), self.member_host(pod))
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls { "https" } else { "http" }
     }
 
     /// The pod a peer URL points at, if it is one of this cluster's member hosts.
@@ -247,8 +264,8 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     let args = vec![
         format!("--name={pod}"),
         format!("--data-dir={DATA_MOUNT}/data"),
-        format!("--listen-peer-urls=http://$(POD_IP):{PEER_PORT}"),
-        format!("--listen-client-urls=http://$(POD_IP):{CLIENT_PORT}"),
+        format!("--listen-peer-urls={}://$(POD_IP):{PEER_PORT}", cluster.scheme()),
+        format!("--listen-client-urls={}://$(POD_IP):{CLIENT_PORT}", cluster.scheme()),
         format!("--advertise-client-urls={}", cluster.client_url(pod)),
         format!("--initial-advertise-peer-urls={}", cluster.peer_url(pod)),
         format!("--initial-cluster={initial_cluster}"),
@@ -273,23 +290,26 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
         },
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
     });
+    let mut volumes = vec![match spec.storage {
+        Some(_) => {
+            json!({"name": "data", "persistentVolumeClaim": {"claimName": cluster.claim_name(pod)}})
+        }
+        None => json!({"name": "data", "emptyDir": {}}),
+    }];
+    if let Some(tls) = &spec.tls {
+        with_member_tls(&mut container, &mut volumes, tls);
+    }
     if let Some(resources) = &spec.resources
         && let Ok(resources) = serde_json::to_value(resources)
     {
         container["resources"] = resources;
     }
-    let volume = match spec.storage {
-        Some(_) => {
-            json!({"name": "data", "persistentVolumeClaim": {"claimName": cluster.claim_name(pod)}})
-        }
-        None => json!({"name": "data", "emptyDir": {}}),
-    };
     let mut pod_spec = json!({
         "hostname": pod,
         "subdomain": cluster.name,
         "restartPolicy": "Always",
         "containers": [container],
-        "volumes": [volume],
+        "volumes": volumes,
     });
     if !spec.node_selector.is_empty() {
         pod_spec["nodeSelector"] = json!(spec.node_selector);
@@ -306,6 +326,76 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
         "metadata": {"name": pod, "labels": cluster.member_labels(pod)},
         "spec": pod_spec,
     })
+}
+
+/// Makes a member container speak TLS with the Secrets of `tls`: certificates for the client
+/// and peer ports, client certificates required on both, and the readiness probe moved to a
+/// plain-HTTP metrics port.
+fn with_member_tls(container: &mut Value, volumes: &mut Vec<Value>, tls: &TlsSpec) {
+    let peer = format!("{TLS_MOUNT}/peer");
+    let server = format!("{TLS_MOUNT}/server");
+    let flags = [
+        format!("--cert-file={server}/tls.crt"),
+        format!("--key-file={server}/tls.key"),
+        format!("--trusted-ca-file={server}/ca.crt"),
+        "--client-cert-auth=true".to_owned(),
+        format!("--peer-cert-file={peer}/tls.crt"),
+        format!("--peer-key-file={peer}/tls.key"),
+        format!("--peer-trusted-ca-file={peer}/ca.crt"),
+        "--peer-client-cert-auth=true".to_owned(),
+        format!("--listen-metrics-urls=http://$(POD_IP):{METRICS_PORT}"),
+    ];
+    if let Some(args) = container["args"].as_array_mut() {
+        args.extend(flags.into_iter().map(Value::String));
+    }
+    if let Some(ports) = container["ports"].as_array_mut() {
+        ports.push(json!({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}));
+    }
+    container["readinessProbe"]["httpGet"]["port"] = json!("metrics");
+    if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+        mounts.push(json!({"name": "peer-tls", "mountPath": peer, "readOnly": true}));
+        mounts.push(json!({"name": "server-tls", "mountPath": server, "readOnly": true}));
+    }
+    volumes.push(json!({"name": "peer-tls", "secret": {"secretName": tls.peer_secret}}));
+    volumes.push(json!({"name": "server-tls", "secret": {"secretName": tls.server_secret}}));
+}
+
+/// Gives every `etcdctl` container of a pod the operator's client certificate of `tls`
+/// (mounted from its Secret; etcdctl reads `ETCDCTL_CACERT`, `ETCDCTL_CERT`, `ETCDCTL_KEY`).
+pub fn with_operator_tls(mut pod: Value, tls: &TlsSpec) -> Value {
+    let dir = format!("{TLS_MOUNT}/operator");
+    let spec = &mut pod["spec"];
+    for list in ["initContainers", "containers"] {
+        for container in spec[list].as_array_mut().into_iter().flatten() {
+            let runs_etcdctl = container["command"][0]
+                .as_str()
+                .is_some_and(|c| c.ends_with("etcdctl"));
+            if !runs_etcdctl {
+                continue;
+            }
+            let env = [
+                ("ETCDCTL_CACERT", "ca.crt"),
+                ("ETCDCTL_CERT", "tls.crt"),
+                ("ETCDCTL_KEY", "tls.key"),
+            ]
+            .map(|(name, file)| json!({"name": name, "value": format!("{dir}/{file}")}));
+            match container["env"].as_array_mut() {
+                Some(list) => list.extend(env),
+                None => container["env"] = json!(env),
+            }
+            let mount = json!({"name": "operator-tls", "mountPath": dir, "readOnly": true});
+            match container["volumeMounts"].as_array_mut() {
+                Some(list) => list.push(mount),
+                None => container["volumeMounts"] = json!([mount]),
+            }
+        }
+    }
+    let volume = json!({"name": "operator-tls", "secret": {"secretName": tls.operator_secret}});
+    match spec["volumes"].as_array_mut() {
+        Some(list) => list.push(volume),
+        None => spec["volumes"] = json!([volume]),
+    }
+    pod
 }
 
 /// An observed member pod re-applied with another image, for a rolling upgrade: kubelet
@@ -569,6 +659,7 @@ mod tests {
         ClusterRef {
             name: "ex".into(),
             namespace: "ns".into(),
+            tls: false,
         }
     }
 
@@ -774,5 +865,109 @@ mod tests {
         assert_eq!(headless["spec"]["publishNotReadyAddresses"], true);
         assert_eq!(client_service(&c)["metadata"]["name"], "ex-client");
         assert_eq!(pod_disruption_budget(&c, 3)["spec"]["minAvailable"], 2);
+    }
+
+    fn tls() -> TlsSpec {
+        TlsSpec {
+            peer_secret: "ex-peer".into(),
+            server_secret: "ex-server".into(),
+            operator_secret: "ex-operator".into(),
+        }
+    }
+
+    #[test]
+    fn a_tls_member_serves_https_on_both_ports_and_is_probed_on_plain_metrics() {
+        let c = ClusterRef {
+            tls: true,
+            ..cluster()
+        };
+        let mut tls_spec = spec(false);
+        tls_spec.tls = Some(tls());
+        let pod = member_pod(
+            &c,
+            &tls_spec,
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        let container = &pod["spec"]["containers"][0];
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        for wanted in [
+            "--listen-client-urls=https://$(POD_IP):2379",
+            "--listen-peer-urls=https://$(POD_IP):2380",
+            "--advertise-client-urls=https://ex-0.ex.ns.svc:2379",
+            "--initial-advertise-peer-urls=https://ex-0.ex.ns.svc:2380",
+            "--initial-cluster=ex-0=https://ex-0.ex.ns.svc:2380",
+            "--cert-file=/etc/etcd/tls/server/tls.crt",
+            "--trusted-ca-file=/etc/etcd/tls/server/ca.crt",
+            "--client-cert-auth=true",
+            "--peer-cert-file=/etc/etcd/tls/peer/tls.crt",
+            "--peer-client-cert-auth=true",
+            "--listen-metrics-urls=http://$(POD_IP):2381",
+        ] {
+            assert!(args.contains(&wanted), "{wanted} in {args:?}");
+        }
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+        assert_eq!(
+            pod["spec"]["volumes"],
+            json!([
+                {"name": "data", "emptyDir": {}},
+                {"name": "peer-tls", "secret": {"secretName": "ex-peer"}},
+                {"name": "server-tls", "secret": {"secretName": "ex-server"}},
+            ])
+        );
+        // Without TLS nothing of it is there.
+        let plain = member_pod(
+            &cluster(),
+            &spec(false),
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), cluster().peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        let plain_args = plain["spec"]["containers"][0]["args"].to_string();
+        assert!(!plain_args.contains("https") && !plain_args.contains("cert"), "{plain_args}");
+        assert_eq!(
+            plain["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"],
+            "client"
+        );
+    }
+
+    #[test]
+    fn etcdctl_containers_get_the_operator_certificate_and_others_do_not() {
+        let pod = json!({"spec": {
+            "initContainers": [{"name": "save", "command": ["/usr/local/bin/etcdctl", "snapshot", "save", "/b/x.db"],
+                "env": [{"name": "ETCDCTL_ENDPOINTS", "value": "https://ex-0.ex.ns.svc:2379"}]}],
+            "containers": [{"name": "serve", "command": ["/usr/local/bin/etcd"]}],
+            "volumes": [{"name": "backup", "emptyDir": {}}],
+        }});
+        let pod = with_operator_tls(pod, &tls());
+        let save = &pod["spec"]["initContainers"][0];
+        assert_eq!(
+            save["env"],
+            json!([
+                {"name": "ETCDCTL_ENDPOINTS", "value": "https://ex-0.ex.ns.svc:2379"},
+                {"name": "ETCDCTL_CACERT", "value": "/etc/etcd/tls/operator/ca.crt"},
+                {"name": "ETCDCTL_CERT", "value": "/etc/etcd/tls/operator/tls.crt"},
+                {"name": "ETCDCTL_KEY", "value": "/etc/etcd/tls/operator/tls.key"},
+            ])
+        );
+        assert_eq!(
+            save["volumeMounts"],
+            json!([{"name": "operator-tls", "mountPath": "/etc/etcd/tls/operator", "readOnly": true}])
+        );
+        assert!(pod["spec"]["containers"][0].get("env").is_none());
+        assert_eq!(
+            pod["spec"]["volumes"][1],
+            json!({"name": "operator-tls", "secret": {"secretName": "ex-operator"}})
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! here and numbers are accepted both as strings and as JSON numbers.
 
 use policy_host_sdk::log;
-use policy_host_sdk::{AppCall, AppCallResponse};
+use policy_host_sdk::{AppCall, AppCallRequest, AppCallResponse, Method, TlsClient};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 
@@ -135,6 +135,31 @@ pub trait EtcdApi {
     /// `move-leader`: asks the leader, served by `pod`, to hand leadership to member
     /// `target` and waits until it has. etcd refuses it when `pod` is not the leader.
     fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError>;
+    /// From now on, reach members over TLS as `tls` says (a cluster with `spec.tls`). Fakes
+    /// that model no transport ignore it.
+    fn use_tls(&mut self, tls: MemberTls) {
+        let _ = tls;
+    }
+}
+
+/// How calls reach the members of a TLS cluster: with the operator's client certificate from
+/// `secret` (read by the host), checking each member's certificate for its DNS name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberTls {
+    /// The Secret with the operator's client certificate (`spec.tls.operatorSecret`).
+    pub secret: String,
+    /// What follows the pod name in a member's DNS name: `<cluster>.<namespace>.svc`.
+    pub host_suffix: String,
+}
+
+impl MemberTls {
+    /// What a call to `pod` carries: the Secret, and the pod's DNS name as the server name.
+    pub fn for_pod(&self, pod: &str) -> TlsClient {
+        TlsClient {
+            secret: self.secret.clone(),
+            server_name: format!("{pod}.{}", self.host_suffix),
+        }
+    }
 }
 
 fn de_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -316,16 +341,24 @@ pub fn decode_status(response: &AppCallResponse) -> Result<EndpointStatus, EtcdE
 /// answer or refused.
 pub struct GatewayEtcdApi<A> {
     app: A,
+    tls: Option<MemberTls>,
 }
 
 impl<A: AppCall> GatewayEtcdApi<A> {
-    /// Wraps an app-call client.
+    /// Wraps an app-call client; calls are plain HTTP until [`EtcdApi::use_tls`].
     pub fn new(app: A) -> Self {
-        GatewayEtcdApi { app }
+        GatewayEtcdApi { app, tls: None }
     }
 
     fn post(&mut self, pod: &str, path: &str, body: Value) -> Result<AppCallResponse, EtcdError> {
-        let result = self.app.post(pod, CLIENT_PORT_NAME, path, &body);
+        let result = self.app.call(&AppCallRequest {
+            pod: pod.to_owned(),
+            port: CLIENT_PORT_NAME.to_owned(),
+            method: Method::Post,
+            path: path.to_owned(),
+            body: Some(body.to_string()),
+            tls: self.tls.as_ref().map(|tls| tls.for_pod(pod)),
+        });
         match &result {
             Ok(response) if !response.is_success() => log::info(
                 "etcd refused a request",
@@ -376,12 +409,14 @@ impl<A: AppCall> EtcdApi for GatewayEtcdApi<A> {
     fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError> {
         check_status(&self.post(pod, MOVE_LEADER_PATH, encode_move_leader(target))?)
     }
+
+    fn use_tls(&mut self, tls: MemberTls) {
+        self.tls = Some(tls);
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use policy_host_sdk::AppCallRequest;
-
     use super::*;
 
     fn ok(body: &str) -> AppCallResponse {
@@ -475,5 +510,29 @@ mod tests {
         assert_eq!(sent[2].path, MOVE_LEADER_PATH);
         assert_eq!(sent[2].body.as_deref(), Some(r#"{"targetID":"7"}"#));
         assert_eq!(sent[1].body.as_deref(), Some(r#"{"linearizable":true}"#));
+    }
+
+    #[test]
+    fn a_tls_cluster_is_called_with_the_operator_secret_and_each_member_s_name() {
+        let mut sent = Vec::new();
+        let mut api = GatewayEtcdApi::new(|request: &AppCallRequest| {
+            sent.push(request.clone());
+            Ok(ok(r#"{"members":[]}"#))
+        });
+        api.member_list("ex-0").expect("plain call");
+        api.use_tls(MemberTls {
+            secret: "ex-operator".into(),
+            host_suffix: "ex.ns.svc".into(),
+        });
+        api.member_list("ex-1").expect("TLS call");
+        drop(api);
+        assert_eq!(sent[0].tls, None, "plain HTTP until the cluster says TLS");
+        assert_eq!(
+            sent[1].tls,
+            Some(TlsClient {
+                secret: "ex-operator".into(),
+                server_name: "ex-1.ex.ns.svc".into(),
+            })
+        );
     }
 }

@@ -30,7 +30,7 @@ use crate::children::{
     self, ANNOTATION_TRIGGER, ClusterRef, ClusterState, ETCD_CONTAINER, MemberPod,
     ObservedChildren, quorum,
 };
-use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList};
+use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList, MemberTls};
 use crate::protocol::{Action, Decision, Event, EventType, Observation, PolicyError, Timestamp};
 use crate::spec::{
     BackupStatus, EtcdClusterSpec, EtcdClusterStatus, MemberStatus, Phase, RestoreSpec, ValidSpec,
@@ -109,8 +109,13 @@ fn read_parent(json: &str) -> Result<Parent, PolicyError> {
         .status
         .and_then(|s| serde_json::from_value(s).ok())
         .unwrap_or_default();
+    let tls = spec.as_ref().is_ok_and(|s| s.tls.is_some());
     Ok(Parent {
-        cluster: ClusterRef { name, namespace },
+        cluster: ClusterRef {
+            name,
+            namespace,
+            tls,
+        },
         generation,
         spec,
         status,
@@ -132,6 +137,12 @@ pub fn reconcile(
         Ok(spec) => spec,
         Err(message) => return Ok(invalid_spec(&parent, message, observation.now)),
     };
+    if let Some(tls) = &spec.tls {
+        etcd.use_tls(MemberTls {
+            secret: tls.operator_secret.clone(),
+            host_suffix: parent.cluster.member_domain(),
+        });
+    }
     let mut step = Step {
         cluster: &parent.cluster,
         spec: &spec,
@@ -651,12 +662,11 @@ impl<'a> Step<'a> {
             Some(_) => self.backup_running = true,
             None if done => {}
             None => {
-                self.actions.push(Action::Apply(children::backup_pod(
-                    self.cluster,
-                    self.spec,
-                    contact,
-                    trigger,
-                )));
+                let pod = children::backup_pod(self.cluster, self.spec, contact, trigger);
+                self.actions.push(Action::Apply(match &self.spec.tls {
+                    Some(tls) => children::with_operator_tls(pod, tls),
+                    None => pod,
+                }));
                 self.backup_running = true;
             }
         }

@@ -108,6 +108,30 @@ pub struct EtcdClusterSpec {
     /// changes are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreSpec>,
+    /// TLS for peer and client traffic, from Secrets in the cluster's namespace. Read at
+    /// creation: a cluster cannot move between plain and TLS traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// The Secrets of a TLS cluster, each with `ca.crt`, `tls.crt` and `tls.key` (as cert-manager
+/// writes them). Certificates of members must be valid for every member's DNS name,
+/// `<pod>.<cluster>.<namespace>.svc` (a wildcard `*.<cluster>.<namespace>.svc` covers them);
+/// each `ca.crt` is the CA that signed the certificates the other side presents.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Peer traffic between members: the certificate each member serves and presents to the
+    /// others (it needs both server and client usages). Mounted at `/etc/etcd/tls/peer`.
+    pub peer_secret: String,
+    /// The client port: the certificate members serve to clients, which must present a
+    /// client certificate signed by this Secret's `ca.crt`. Mounted at
+    /// `/etc/etcd/tls/server`.
+    pub server_secret: String,
+    /// The client certificate the operator uses: policy-host's calls to members, and backup
+    /// pods' `etcdctl`. The host reads it for its calls (it needs `get` on Secrets); the
+    /// plugin never sees it.
+    pub operator_secret: String,
 }
 
 /// Where snapshots go and when one is taken.
@@ -355,6 +379,8 @@ pub struct ValidSpec {
     pub backup: Option<BackupSpec>,
     /// Snapshot to start from, if any.
     pub restore: Option<RestoreSpec>,
+    /// TLS Secrets, if the cluster speaks TLS.
+    pub tls: Option<TlsSpec>,
 }
 
 /// An etcd version `major.minor.patch` (pre-release suffixes are kept for the image tag).
@@ -459,6 +485,19 @@ impl EtcdClusterSpec {
                     .to_owned(),
             );
         }
+        if let Some(tls) = &self.tls {
+            for (field, secret) in [
+                ("peerSecret", &tls.peer_secret),
+                ("serverSecret", &tls.server_secret),
+                ("operatorSecret", &tls.operator_secret),
+            ] {
+                if !is_dns_subdomain(secret) {
+                    return Err(format!(
+                        "spec.tls.{field} {secret:?} is not a Secret name: name a Secret in this namespace with ca.crt, tls.crt and tls.key"
+                    ));
+                }
+            }
+        }
         Ok(ValidSpec {
             // Checked above: 1 <= size <= MAX_SIZE.
             size: usize::try_from(self.size).unwrap_or(1),
@@ -479,8 +518,21 @@ impl EtcdClusterSpec {
             storage: self.storage.clone(),
             backup: self.backup.clone(),
             restore: self.restore.clone(),
+            tls: self.tls.clone(),
         })
     }
+}
+
+/// A Kubernetes object name: lower-case letters, digits, `-` and `.`, starting and ending
+/// with a letter or digit, at most 253 characters.
+fn is_dns_subdomain(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    name.len() <= 253
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
 /// The CustomResourceDefinition for `EtcdCluster`, for `cargo xtask crdgen` (which writes it
@@ -565,6 +617,42 @@ mod tests {
                     ..base.clone()
                 },
                 Err("not a version"),
+            ),
+            (
+                "TLS with three Secrets",
+                EtcdClusterSpec {
+                    tls: Some(TlsSpec {
+                        peer_secret: "ex-peer".into(),
+                        server_secret: "ex-server".into(),
+                        operator_secret: "ex-operator".into(),
+                    }),
+                    ..base.clone()
+                },
+                Ok("gcr.io/etcd-development/etcd:v3.6.16"),
+            ),
+            (
+                "TLS without an operator Secret",
+                EtcdClusterSpec {
+                    tls: Some(TlsSpec {
+                        peer_secret: "ex-peer".into(),
+                        server_secret: "ex-server".into(),
+                        operator_secret: String::new(),
+                    }),
+                    ..base.clone()
+                },
+                Err("spec.tls.operatorSecret \"\" is not a Secret name"),
+            ),
+            (
+                "TLS with a Secret name that is not one",
+                EtcdClusterSpec {
+                    tls: Some(TlsSpec {
+                        peer_secret: "Peer_Certs".into(),
+                        server_secret: "ex-server".into(),
+                        operator_secret: "ex-operator".into(),
+                    }),
+                    ..base.clone()
+                },
+                Err("spec.tls.peerSecret \"Peer_Certs\""),
             ),
         ];
         for (name, spec, want) in cases {

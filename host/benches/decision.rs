@@ -60,6 +60,7 @@ impl Fixture {
         let cluster = ClusterRef {
             name: "ex".into(),
             namespace: "ns".into(),
+            tls: false,
         };
         let spec = EtcdClusterSpec {
             size: members as i64,

@@ -219,3 +219,92 @@ pub fn client_config(secret: &Secret) -> Result<rustls::ClientConfig, String> {
         (None, Some(_)) => Err(format!("it has `{KEY_KEY}` but no `{CERT_KEY}`")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+
+    use super::*;
+
+    /// A CA, and a client certificate it signed with its key, as PEM.
+    fn pems() -> (String, String, String) {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
+            .expect("ca");
+        let key = KeyPair::generate().expect("client key");
+        let cert = CertificateParams::new(vec!["operator".to_owned()])
+            .expect("client params")
+            .signed_by(&key, &ca)
+            .expect("client cert");
+        (ca.pem(), cert.pem(), key.serialize_pem())
+    }
+
+    fn secret(entries: &[(&str, &str)]) -> Secret {
+        Secret {
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn a_secret_becomes_a_client_configuration_or_says_what_is_wrong() {
+        let (ca, cert, key) = pems();
+        let rows: [(&str, Vec<(&str, &str)>, Result<bool, &str>); 7] = [
+            (
+                "CA and client certificate",
+                vec![(CA_KEY, &ca), (CERT_KEY, &cert), (KEY_KEY, &key)],
+                Ok(true),
+            ),
+            ("CA only: no client certificate", vec![(CA_KEY, &ca)], Ok(false)),
+            ("no CA", vec![(CERT_KEY, &cert), (KEY_KEY, &key)], Err("no `ca.crt`")),
+            ("a CA that is not PEM", vec![(CA_KEY, "not pem")], Err("no PEM certificate")),
+            (
+                "a certificate without its key",
+                vec![(CA_KEY, &ca), (CERT_KEY, &cert)],
+                Err("no `tls.key`"),
+            ),
+            (
+                "a key without its certificate",
+                vec![(CA_KEY, &ca), (KEY_KEY, &key)],
+                Err("no `tls.crt`"),
+            ),
+            (
+                "a key that is not a key",
+                vec![(CA_KEY, &ca), (CERT_KEY, &cert), (KEY_KEY, &ca)],
+                Err("not a PEM private key"),
+            ),
+        ];
+        for (situation, entries, expected) in rows {
+            match (client_config(&secret(&entries)), expected) {
+                (Ok(config), Ok(client_auth)) => assert_eq!(
+                    config.client_auth_cert_resolver.has_certs(),
+                    client_auth,
+                    "{situation}"
+                ),
+                (Err(why), Err(fragment)) => {
+                    assert!(why.contains(fragment), "{situation}: {why}")
+                }
+                (got, expected) => panic!(
+                    "{situation}: expected {expected:?}, got {:?}",
+                    got.map(|_| "a configuration")
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn server_names_go_into_urls_as_hosts() {
+        assert_eq!(url_host("db-0.db.ns.svc"), "db-0.db.ns.svc");
+        assert_eq!(url_host("10.0.0.1"), "10.0.0.1");
+        assert_eq!(url_host("::1"), "[::1]");
+    }
+}

@@ -228,6 +228,7 @@ fn pod_child(name: &str, phase: &str, ready: bool, terminating: bool) -> Child {
     let cluster = ClusterRef {
         name: "ex".into(),
         namespace: "ns".into(),
+        tls: false,
     };
     let spec = EtcdClusterSpec {
         size: 3,
@@ -294,6 +295,7 @@ fn backup_pod_child(trigger: &str, phase: &str) -> Child {
     let cluster = ClusterRef {
         name: "ex".into(),
         namespace: "ns".into(),
+        tls: false,
     };
     let spec = EtcdClusterSpec {
         size: 3,

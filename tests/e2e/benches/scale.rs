@@ -186,6 +186,7 @@ impl HostCaches {
         let cluster = ClusterRef {
             name: parent.name_any(),
             namespace: namespace.clone(),
+            tls: false,
         };
         let mut pods: Vec<String> = self
             .caches
@@ -499,6 +500,7 @@ async fn create_clusters(
             let reference = ClusterRef {
                 name: name.clone(),
                 namespace: namespace.to_owned(),
+                tls: false,
             };
             let member_names: Vec<String> =
                 (0..MEMBERS).map(|n| reference.member_name(n)).collect();
