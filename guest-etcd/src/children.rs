@@ -138,7 +138,11 @@ impl ClusterRef {
 
     /// Client URL of a member pod.
     pub fn client_url(&self, pod: &str) -> String {
-        format!("{}://{}:{CLIENT_PORT}", self.scheme(), self.member_host(pod))
+        format!(
+            "{}://{}:{CLIENT_PORT}",
+            self.scheme(),
+            self.member_host(pod)
+        )
     }
 
     fn scheme(&self) -> &'static str {
@@ -264,8 +268,14 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     let args = vec![
         format!("--name={pod}"),
         format!("--data-dir={DATA_MOUNT}/data"),
-        format!("--listen-peer-urls={}://$(POD_IP):{PEER_PORT}", cluster.scheme()),
-        format!("--listen-client-urls={}://$(POD_IP):{CLIENT_PORT}", cluster.scheme()),
+        format!(
+            "--listen-peer-urls={}://$(POD_IP):{PEER_PORT}",
+            cluster.scheme()
+        ),
+        format!(
+            "--listen-client-urls={}://$(POD_IP):{CLIENT_PORT}",
+            cluster.scheme()
+        ),
         format!("--advertise-client-urls={}", cluster.client_url(pod)),
         format!("--initial-advertise-peer-urls={}", cluster.peer_url(pod)),
         format!("--initial-cluster={initial_cluster}"),
@@ -934,7 +944,10 @@ mod tests {
             },
         );
         let plain_args = plain["spec"]["containers"][0]["args"].to_string();
-        assert!(!plain_args.contains("https") && !plain_args.contains("cert"), "{plain_args}");
+        assert!(
+            !plain_args.contains("https") && !plain_args.contains("cert"),
+            "{plain_args}"
+        );
         assert_eq!(
             plain["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"],
             "client"

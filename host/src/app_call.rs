@@ -470,7 +470,10 @@ impl AppCallScope {
             ));
         };
         let Some(tls) = tls else {
-            return Ok((client.clone(), format!("http://{host}:{port}{}", request.path)));
+            return Ok((
+                client.clone(),
+                format!("http://{host}:{port}{}", request.path),
+            ));
         };
         let Some((app_tls, namespace)) = &self.tls else {
             return Err(CallError::Refused(
@@ -614,7 +617,12 @@ mod tests {
         )]);
         let scope = AppCallScope::scripted("ns/db".into(), script.clone());
         let answered = scope
-            .call("p", request("db-0", "client", "/v3/cluster/member/list"), None, 1024)
+            .call(
+                "p",
+                request("db-0", "client", "/v3/cluster/member/list"),
+                None,
+                1024,
+            )
             .await;
         assert_eq!(answered.map(|r| r.status), Ok(200));
         let unknown = scope

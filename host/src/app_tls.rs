@@ -84,8 +84,7 @@ impl AppTls {
         tls: &TlsClient,
         addr: SocketAddr,
     ) -> Result<(reqwest::Client, String), CallError> {
-        if ServerName::try_from(tls.server_name.as_str()).is_err() || tls.server_name.is_empty()
-        {
+        if ServerName::try_from(tls.server_name.as_str()).is_err() || tls.server_name.is_empty() {
             return Err(CallError::Refused(format!(
                 "TLS server name `{}` is not a DNS name or IP address",
                 tls.server_name
@@ -156,14 +155,17 @@ impl AppTls {
             ))
         })?);
         let resource_version = found.metadata.resource_version.unwrap_or_default();
-        self.secrets.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            key,
-            CachedConfig {
-                read_at: Instant::now(),
-                resource_version: resource_version.clone(),
-                config: config.clone(),
-            },
-        );
+        self.secrets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                key,
+                CachedConfig {
+                    read_at: Instant::now(),
+                    resource_version: resource_version.clone(),
+                    config: config.clone(),
+                },
+            );
         Ok((resource_version, config))
     }
 }
@@ -180,9 +182,9 @@ fn url_host(server_name: &str) -> String {
 /// `tls.key` as the client certificate when both are there. Says what is wrong otherwise.
 pub fn client_config(secret: &Secret) -> Result<rustls::ClientConfig, String> {
     let data = secret.data.clone().unwrap_or_default();
-    let ca = data
-        .get(CA_KEY)
-        .ok_or_else(|| format!("it has no `{CA_KEY}` (the CA the server certificate must chain to)"))?;
+    let ca = data.get(CA_KEY).ok_or_else(|| {
+        format!("it has no `{CA_KEY}` (the CA the server certificate must chain to)")
+    })?;
     let mut roots = rustls::RootCertStore::empty();
     let mut added = 0;
     for cert in CertificateDer::pem_slice_iter(&ca.0) {
@@ -210,9 +212,9 @@ pub fn client_config(secret: &Secret) -> Result<rustls::ClientConfig, String> {
             }
             let key = PrivateKeyDer::from_pem_slice(&key.0)
                 .map_err(|e| format!("`{KEY_KEY}` is not a PEM private key: {e}"))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("`{CERT_KEY}` and `{KEY_KEY}` do not make a client certificate: {e}"))
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!("`{CERT_KEY}` and `{KEY_KEY}` do not make a client certificate: {e}")
+            })
         }
         (None, None) => Ok(builder.with_no_client_auth()),
         (Some(_), None) => Err(format!("it has `{CERT_KEY}` but no `{KEY_KEY}`")),
@@ -264,9 +266,21 @@ mod tests {
                 vec![(CA_KEY, &ca), (CERT_KEY, &cert), (KEY_KEY, &key)],
                 Ok(true),
             ),
-            ("CA only: no client certificate", vec![(CA_KEY, &ca)], Ok(false)),
-            ("no CA", vec![(CERT_KEY, &cert), (KEY_KEY, &key)], Err("no `ca.crt`")),
-            ("a CA that is not PEM", vec![(CA_KEY, "not pem")], Err("no PEM certificate")),
+            (
+                "CA only: no client certificate",
+                vec![(CA_KEY, &ca)],
+                Ok(false),
+            ),
+            (
+                "no CA",
+                vec![(CERT_KEY, &cert), (KEY_KEY, &key)],
+                Err("no `ca.crt`"),
+            ),
+            (
+                "a CA that is not PEM",
+                vec![(CA_KEY, "not pem")],
+                Err("no PEM certificate"),
+            ),
             (
                 "a certificate without its key",
                 vec![(CA_KEY, &ca), (CERT_KEY, &cert)],

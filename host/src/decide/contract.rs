@@ -32,7 +32,10 @@ pub const CONTRACT_VERSION: &str = "0.2.1";
 
 /// The version of the contract's `policy` interface a component exports (`0.2.1`, `0.2.0`,
 /// `0.1.0`, ...), if it exports one: what the plugin was built against.
-pub fn exported_version(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Option<String> {
+pub fn exported_version(
+    engine: &wasmtime::Engine,
+    component: &wasmtime::component::Component,
+) -> Option<String> {
     component
         .component_type()
         .exports(engine)
