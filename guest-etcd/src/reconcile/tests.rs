@@ -31,6 +31,8 @@ struct FakeEtcd {
     pod_versions: Vec<(&'static str, &'static str)>,
     next_id: u64,
     calls: Vec<String>,
+    /// What `use_tls` was told, if anything.
+    tls: Option<MemberTls>,
 }
 
 impl Default for FakeEtcd {
@@ -47,6 +49,7 @@ impl Default for FakeEtcd {
             pod_versions: Vec::new(),
             next_id: 100,
             calls: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -161,6 +164,10 @@ impl EtcdApi for FakeEtcd {
         }
         self.leader = target;
         Ok(())
+    }
+
+    fn use_tls(&mut self, tls: MemberTls) {
+        self.tls = Some(tls);
     }
 
     fn status(&mut self, pod: &str) -> Result<EndpointStatus, EtcdError> {
@@ -1799,4 +1806,47 @@ fn the_plugin_asks_etcd_through_the_gateway_and_settles() {
     assert_eq!(status["clusterID"], "777");
     assert_eq!(status["currentVersion"], "3.6.16");
     assert!(plugin.app.requests.iter().all(|r| r.port == "client"));
+}
+
+#[test]
+fn a_tls_cluster_is_called_over_tls_and_adds_members_with_https_peer_urls() {
+    let tls_spec = json!({"size": 4, "version": "3.6.16", "tls": {
+        "peerSecret": "ex-peer", "serverSecret": "ex-server", "operatorSecret": "ex-operator"}});
+    let mut etcd = FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]);
+    let decision = reconcile(
+        &observation(
+            tls_spec.clone(),
+            Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+            vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+        ),
+        &mut etcd,
+    )
+    .expect("decides");
+    assert_eq!(
+        etcd.tls,
+        Some(MemberTls {
+            secret: "ex-operator".into(),
+            host_suffix: "ex.ns.svc".into(),
+        }),
+        "calls to members carry the operator Secret"
+    );
+    assert_eq!(
+        etcd.changes(),
+        ["add https://ex-3.ex.ns.svc:2380 learner=true"],
+        "a TLS member joins with an https peer URL"
+    );
+    let args = pod_args(&decision, "ex-3");
+    assert!(
+        args.iter().any(|a| a == "--peer-client-cert-auth=true"),
+        "{args:?}"
+    );
+
+    // Without spec.tls nothing is called over TLS.
+    let mut plain = FakeEtcd::with(vec![voter(1, "ex-0")]);
+    reconcile(
+        &observation(spec(1), Some(recorded(&["ex-0"])), vec![ready("ex-0")]),
+        &mut plain,
+    )
+    .expect("decides");
+    assert_eq!(plain.tls, None);
 }
