@@ -257,10 +257,14 @@ mod tests {
         }
     }
 
+    /// A situation, the Secret's entries, and whether a client certificate results (or a
+    /// fragment of the error).
+    type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Result<bool, &'a str>);
+
     #[test]
     fn a_secret_becomes_a_client_configuration_or_says_what_is_wrong() {
         let (ca, cert, key) = pems();
-        let rows: [(&str, Vec<(&str, &str)>, Result<bool, &str>); 7] = [
+        let rows: [Row; 7] = [
             (
                 "CA and client certificate",
                 vec![(CA_KEY, &ca), (CERT_KEY, &cert), (KEY_KEY, &key)],
