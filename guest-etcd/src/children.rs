@@ -561,6 +561,9 @@ pub fn backup_pod(
                     // set one.
                     "env": [{"name": "ETCDCTL_ENDPOINTS", "value": cluster.client_url(from)}],
                     "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
+                    // kubelet keeps the end of a failed step's output in its status, which
+                    // the plugin quotes in the BackupFailed Event: the Pod is gone soon after.
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                 },
                 {
                     "name": RESTORE_CONTAINER,
@@ -577,6 +580,7 @@ pub fn backup_pod(
                         {"name": "backup", "mountPath": BACKUP_MOUNT, "readOnly": true},
                         {"name": "verify", "mountPath": VERIFY_MOUNT},
                     ],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                 },
             ],
             "containers": [{
@@ -604,6 +608,7 @@ pub fn backup_pod(
                     "failureThreshold": 3,
                 },
                 "volumeMounts": [{"name": "verify", "mountPath": VERIFY_MOUNT}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": [
                 {"name": "backup", "persistentVolumeClaim": {"claimName": cluster.backup_claim_name()}},

@@ -15,6 +15,8 @@
 //!   fresh member is added; with persistent storage its pod is recreated on its claim.
 //! - upgrade: one minor at a time, each member restarted in place with the new image,
 //!   followers first and the leader last; downgrades and two-minor jumps are refused.
+//! - backup: one snapshot at a time, on demand or on schedule, listed in status only once a
+//!   throwaway etcd has restored and served it (`reconcile/backup.rs`).
 //!
 //! These follow etcd's runtime reconfiguration guide
 //! (<https://etcd.io/docs/v3.6/op-guide/runtime-configuration/>): change one member at a

@@ -169,6 +169,12 @@ impl Step<'_> {
     /// schedule says so. `contact` is the member that answered; snapshots stream from it.
     pub(super) fn backup(&mut self, etcd: &mut impl EtcdApi, contact: &str) {
         let Some(backup) = self.spec.backup.clone() else {
+            // Backups turned off: a snapshot in flight is abandoned (its result would have
+            // nowhere to go), and its throwaway etcd stops.
+            let children = self.children;
+            for pod in &children.backup_pods {
+                self.delete_backup_pod(pod);
+            }
             return;
         };
         if let Some(claim) = children::backup_claim(self.cluster, self.spec) {

@@ -233,6 +233,12 @@ pub(super) fn rows() -> Vec<Row> {
                         "/backup/ex-0.db"
                     ]
                 );
+                for container in [&init[0], &init[1], &pod["spec"]["containers"][0]] {
+                    assert_eq!(
+                        container["terminationMessagePolicy"],
+                        "FallbackToLogsOnError"
+                    );
+                }
                 let verify = &pod["spec"]["containers"][0];
                 assert_eq!(verify["command"], json!(["/usr/local/bin/etcd"]));
                 assert_eq!(verify["ports"][0]["name"], "client");
@@ -591,6 +597,21 @@ pub(super) fn rows() -> Vec<Row> {
             &[],
             30_000,
             no_check,
+        ),
+        row(
+            "backups turned off: a backup pod in flight is deleted",
+            json!({"size": 3, "version": "3.6.16"}),
+            recorded(&MEMBERS),
+            with(
+                members(),
+                backup_pod(on_demand("t1"), "ex-0.db", Stage::Serving),
+            ),
+            healthy(),
+            &[],
+            &[POD],
+            &[],
+            30_000,
+            |_, etcd| assert!(!etcd.calls.iter().any(|c| c.contains("ex-backup"))),
         ),
         // ---- failures ----
         row(
