@@ -7,6 +7,8 @@
 //! - Pod `<cluster>-<n>` per member, whose etcd member name is the pod name.
 //! - PersistentVolumeClaim `data-<cluster>-<n>` per member, only with `spec.storage`.
 //! - PodDisruptionBudget `<cluster>`, keeping a quorum through voluntary disruptions.
+//! - PersistentVolumeClaim `backup-<cluster>` and, while a snapshot is taken and verified,
+//!   Pod `<cluster>-backup`, only with `spec.backup`.
 //!
 //! The host sets namespaces and owner references itself; nothing here sets them.
 
@@ -48,8 +50,21 @@ pub const BACKUP_MOUNT: &str = "/backup";
 pub const RESTORE_MOUNT: &str = "/restore";
 /// Label of the backup Pod (`backup`), which is not a member.
 pub const LABEL_ROLE: &str = "etcd.database.coreos.com/role";
-/// Annotation of the backup Pod: the `spec.backup.trigger` it runs for.
+/// Annotation of a backup Pod taken on demand: the `spec.backup.trigger` it runs for.
 pub const ANNOTATION_TRIGGER: &str = "etcd.database.coreos.com/backup-trigger";
+/// Annotation of a scheduled backup Pod: when (RFC 3339) its snapshot was due.
+pub const ANNOTATION_SCHEDULED: &str = "etcd.database.coreos.com/backup-scheduled-for";
+/// Annotation of a backup Pod: the snapshot file it writes in the backup claim.
+pub const ANNOTATION_FILE: &str = "etcd.database.coreos.com/backup-file";
+/// Init container of the backup Pod that saves the snapshot (`etcdctl snapshot save`).
+pub const SAVE_CONTAINER: &str = "save";
+/// Init container of the backup Pod that restores the saved snapshot into a scratch data
+/// directory (`etcdutl snapshot restore`).
+pub const RESTORE_CONTAINER: &str = "restore";
+/// Container of the backup Pod that serves the restored snapshot: a throwaway etcd.
+pub const VERIFY_CONTAINER: &str = "verify";
+/// Where the backup Pod mounts its scratch volume for the restored snapshot.
+pub const VERIFY_MOUNT: &str = "/verify";
 
 /// Where a cluster lives: its name and namespace, from which every child name and DNS
 /// name derives.
@@ -93,21 +108,10 @@ impl ClusterRef {
         format!("{}-backup", self.name)
     }
 
-    /// Snapshot file for a trigger: `<cluster>-<trigger>.db`, the trigger reduced to
-    /// letters, digits, `.`, `_` and `-`.
-    pub fn snapshot_file(&self, trigger: &str) -> String {
-        let safe: String = trigger
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .take(100)
-            .collect();
-        format!("{}-{safe}.db", self.name)
+    /// Snapshot file of a slot: `<cluster>-<slot>.db`. Snapshots rotate through
+    /// `spec.backup.keep` slots, so the claim never holds more than that many.
+    pub fn slot_file(&self, slot: usize) -> String {
+        format!("{}-{slot}.db", self.name)
     }
 
     /// Name of the data claim of a member pod.
@@ -339,20 +343,35 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
 }
 
 /// Makes a member container speak TLS with the Secrets of `tls`: certificates for the client
-/// and peer ports, client certificates required on both, and the readiness probe moved to a
-/// plain-HTTP metrics port.
+/// and peer ports, client certificates required on both.
 fn with_member_tls(container: &mut Value, volumes: &mut Vec<Value>, tls: &TlsSpec) {
+    serve_client_tls(container, volumes, tls);
     let peer = format!("{TLS_MOUNT}/peer");
+    let flags = [
+        format!("--peer-cert-file={peer}/tls.crt"),
+        format!("--peer-key-file={peer}/tls.key"),
+        format!("--peer-trusted-ca-file={peer}/ca.crt"),
+        "--peer-client-cert-auth=true".to_owned(),
+    ];
+    if let Some(args) = container["args"].as_array_mut() {
+        args.extend(flags.into_iter().map(Value::String));
+    }
+    if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+        mounts.push(json!({"name": "peer-tls", "mountPath": peer, "readOnly": true}));
+    }
+    volumes.push(json!({"name": "peer-tls", "secret": {"secretName": tls.peer_secret}}));
+}
+
+/// Makes an etcd container serve its client port with the server certificate of `tls` and
+/// require client certificates there; its readiness probe moves to a plain-HTTP metrics port,
+/// since kubelet presents no client certificate.
+fn serve_client_tls(container: &mut Value, volumes: &mut Vec<Value>, tls: &TlsSpec) {
     let server = format!("{TLS_MOUNT}/server");
     let flags = [
         format!("--cert-file={server}/tls.crt"),
         format!("--key-file={server}/tls.key"),
         format!("--trusted-ca-file={server}/ca.crt"),
         "--client-cert-auth=true".to_owned(),
-        format!("--peer-cert-file={peer}/tls.crt"),
-        format!("--peer-key-file={peer}/tls.key"),
-        format!("--peer-trusted-ca-file={peer}/ca.crt"),
-        "--peer-client-cert-auth=true".to_owned(),
         format!("--listen-metrics-urls=http://$(POD_IP):{METRICS_PORT}"),
     ];
     if let Some(args) = container["args"].as_array_mut() {
@@ -363,16 +382,14 @@ fn with_member_tls(container: &mut Value, volumes: &mut Vec<Value>, tls: &TlsSpe
     }
     container["readinessProbe"]["httpGet"]["port"] = json!("metrics");
     if let Some(mounts) = container["volumeMounts"].as_array_mut() {
-        mounts.push(json!({"name": "peer-tls", "mountPath": peer, "readOnly": true}));
         mounts.push(json!({"name": "server-tls", "mountPath": server, "readOnly": true}));
     }
-    volumes.push(json!({"name": "peer-tls", "secret": {"secretName": tls.peer_secret}}));
     volumes.push(json!({"name": "server-tls", "secret": {"secretName": tls.server_secret}}));
 }
 
 /// Gives every `etcdctl` container of a pod the operator's client certificate of `tls`
 /// (mounted from its Secret; etcdctl reads `ETCDCTL_CACERT`, `ETCDCTL_CERT`, `ETCDCTL_KEY`).
-pub fn with_operator_tls(mut pod: Value, tls: &TlsSpec) -> Value {
+fn with_operator_tls(mut pod: Value, tls: &TlsSpec) -> Value {
     let dir = format!("{TLS_MOUNT}/operator");
     let spec = &mut pod["spec"];
     for list in ["initContainers", "containers"] {
@@ -566,40 +583,181 @@ fn claim(name: &str, labels: Value, storage: &StorageSpec) -> Value {
     })
 }
 
-/// The Pod that takes one snapshot: `etcdctl snapshot save` from one member (a snapshot is
-/// always streamed from a single member) into the backup claim, then it exits.
-pub fn backup_pod(cluster: &ClusterRef, spec: &ValidSpec, from: &str, trigger: &str) -> Value {
-    let mut labels = cluster.labels();
-    labels[LABEL_ROLE] = json!("backup");
-    json!({
+/// Why a snapshot is taken; its backup Pod carries it as an annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotCause {
+    /// `spec.backup.trigger` was set to this value.
+    OnDemand(String),
+    /// The schedule (`spec.backup.every`) made one due at this time (RFC 3339).
+    Scheduled(String),
+}
+
+impl SnapshotCause {
+    /// The cause a backup Pod carries, if it has one.
+    pub fn of(pod: &ObservedPod) -> Option<SnapshotCause> {
+        if let Some(due) = pod.annotation(ANNOTATION_SCHEDULED) {
+            return Some(SnapshotCause::Scheduled(due.to_owned()));
+        }
+        pod.annotation(ANNOTATION_TRIGGER)
+            .map(|t| SnapshotCause::OnDemand(t.to_owned()))
+    }
+
+    /// What `status.backup.snapshots[].trigger` says: the trigger, or `scheduled`.
+    pub fn label(&self) -> &str {
+        match self {
+            SnapshotCause::OnDemand(trigger) => trigger,
+            SnapshotCause::Scheduled(_) => "scheduled",
+        }
+    }
+}
+
+/// The Pod that takes one snapshot and proves it restores. The default etcd image is
+/// distroless (no shell, no `rm`, no `cp`: only `etcd`, `etcdctl`, `etcdutl`), so each step is
+/// one of those programs:
+///
+/// 1. init `save`: `etcdctl snapshot save` streams the snapshot from one member (a snapshot
+///    always comes from a single member) into `file` in the backup claim. etcdctl writes
+///    `<file>.part` and renames it, so a slot is replaced whole or not at all.
+/// 2. init `restore`: `etcdutl snapshot restore` checks the snapshot's integrity hash and
+///    restores it into a scratch `emptyDir`, as a new single-member cluster.
+/// 3. `verify`: a throwaway etcd serves that data on the pod IP, port `client`, so the plugin
+///    reads the snapshot's revision, size and KV hash through the same gateway it uses for
+///    members. It is a cluster of its own (own name and token, peer URL on the pod's
+///    loopback) and knows no member of the real one, so it can never join or reach it.
+///
+/// Its labels differ from the members' (`app.kubernetes.io/name: etcd-backup`), so neither
+/// the Services nor the PodDisruptionBudget select it.
+pub fn backup_pod(
+    cluster: &ClusterRef,
+    spec: &ValidSpec,
+    from: &str,
+    file: &str,
+    cause: &SnapshotCause,
+) -> Value {
+    let labels = json!({
+        LABEL_NAME: "etcd-backup",
+        LABEL_INSTANCE: cluster.name,
+        LABEL_MANAGED_BY: "policy-host",
+        LABEL_ROLE: "backup",
+    });
+    let mut annotations = json!({ ANNOTATION_FILE: file });
+    match cause {
+        SnapshotCause::OnDemand(trigger) => annotations[ANNOTATION_TRIGGER] = json!(trigger),
+        SnapshotCause::Scheduled(due) => annotations[ANNOTATION_SCHEDULED] = json!(due),
+    }
+    let snapshot = format!("{BACKUP_MOUNT}/{file}");
+    let data_dir = format!("{VERIFY_MOUNT}/data");
+    // Loopback is private to the pod: no member of the real cluster can reach this peer
+    // URL, and the restored membership names no other member to reach.
+    let peer = format!("http://127.0.0.1:{PEER_PORT}");
+    let name = "verify";
+    let token = format!("{}-backup-verify", cluster.name);
+    let pod_ip =
+        json!([{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]);
+    let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": cluster.backup_pod_name(),
             "labels": labels,
-            "annotations": {ANNOTATION_TRIGGER: trigger},
+            "annotations": annotations,
         },
         "spec": {
             "restartPolicy": "Never",
+            "initContainers": [
+                {
+                    "name": SAVE_CONTAINER,
+                    "image": spec.image,
+                    "command": ["/usr/local/bin/etcdctl", "snapshot", "save", snapshot],
+                    // The endpoint as an environment variable rather than `--endpoints`:
+                    // etcdctl refuses a flag that shadows a variable, and an environment may
+                    // set one.
+                    "env": [{"name": "ETCDCTL_ENDPOINTS", "value": cluster.client_url(from)}],
+                    "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
+                    // kubelet keeps the end of a failed step's output in its status, which
+                    // the plugin quotes in the BackupFailed Event: the Pod is gone soon after.
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                },
+                {
+                    "name": RESTORE_CONTAINER,
+                    "image": spec.image,
+                    "command": [
+                        "/usr/local/bin/etcdutl", "snapshot", "restore", snapshot,
+                        format!("--data-dir={data_dir}"),
+                        format!("--name={name}"),
+                        format!("--initial-cluster={name}={peer}"),
+                        format!("--initial-advertise-peer-urls={peer}"),
+                        format!("--initial-cluster-token={token}"),
+                    ],
+                    "volumeMounts": [
+                        {"name": "backup", "mountPath": BACKUP_MOUNT, "readOnly": true},
+                        {"name": "verify", "mountPath": VERIFY_MOUNT},
+                    ],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                },
+            ],
             "containers": [{
-                "name": "snapshot",
+                "name": VERIFY_CONTAINER,
                 "image": spec.image,
-                "command": [
-                    "/usr/local/bin/etcdctl",
-                    "snapshot", "save",
-                    format!("{BACKUP_MOUNT}/{}", cluster.snapshot_file(trigger)),
+                "command": ["/usr/local/bin/etcd"],
+                // etcd ignores the initial-cluster flags on an existing data directory; they
+                // repeat the restore's so the two can never disagree.
+                "args": [
+                    format!("--name={name}"),
+                    format!("--data-dir={data_dir}"),
+                    format!("--listen-client-urls={}://$(POD_IP):{CLIENT_PORT}", cluster.scheme()),
+                    format!("--advertise-client-urls={}://$(POD_IP):{CLIENT_PORT}", cluster.scheme()),
+                    format!("--listen-peer-urls={peer}"),
+                    format!("--initial-advertise-peer-urls={peer}"),
+                    format!("--initial-cluster={name}={peer}"),
+                    format!("--initial-cluster-token={token}"),
                 ],
-                // The endpoint as an environment variable rather than `--endpoints`: etcdctl
-                // refuses a flag that shadows a variable, and an environment may set one.
-                "env": [{"name": "ETCDCTL_ENDPOINTS", "value": cluster.client_url(from)}],
-                "volumeMounts": [{"name": "backup", "mountPath": BACKUP_MOUNT}],
+                "env": pod_ip,
+                "ports": [{"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"}],
+                "readinessProbe": {
+                    "httpGet": {"path": "/health", "port": "client"},
+                    "periodSeconds": 2,
+                    "timeoutSeconds": 3,
+                    "failureThreshold": 3,
+                },
+                "volumeMounts": [{"name": "verify", "mountPath": VERIFY_MOUNT}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
-            "volumes": [{
-                "name": "backup",
-                "persistentVolumeClaim": {"claimName": cluster.backup_claim_name()},
-            }],
+            "volumes": [
+                {"name": "backup", "persistentVolumeClaim": {"claimName": cluster.backup_claim_name()}},
+                {"name": "verify", "emptyDir": {}},
+            ],
         },
-    })
+    });
+    match &spec.tls {
+        Some(tls) => with_backup_tls(pod, tls),
+        None => pod,
+    }
+}
+
+/// A backup pod of a TLS cluster: its `etcdctl` step presents the operator's certificate, and
+/// the throwaway etcd, which serves the cluster's keys, serves them like a member does (the
+/// server certificate, client certificates required). The plugin reaches it as
+/// `<cluster>-backup.<cluster>.<namespace>.svc`, a name the members' wildcard covers.
+fn with_backup_tls(pod: Value, tls: &TlsSpec) -> Value {
+    let mut pod = with_operator_tls(pod, tls);
+    let mut volumes = Vec::new();
+    for container in pod["spec"]["containers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if container["command"][0]
+            .as_str()
+            .is_some_and(|c| c.ends_with("/etcd"))
+        {
+            serve_client_tls(container, &mut volumes, tls);
+        }
+    }
+    if let Some(list) = pod["spec"]["volumes"].as_array_mut() {
+        list.extend(volumes);
+    }
+    pod
 }
 
 /// The data claim of a member pod (only with `spec.storage`).
@@ -827,10 +985,6 @@ mod tests {
             restoring["spec"]["initContainers"]
         );
         assert_eq!(upgraded["spec"]["volumes"], restoring["spec"]["volumes"]);
-        assert_eq!(
-            c.snapshot_file("2024-05-01 12:00/x"),
-            "ex-2024-05-01-12-00-x.db"
-        );
     }
 
     #[test]
@@ -929,8 +1083,8 @@ mod tests {
             pod["spec"]["volumes"],
             json!([
                 {"name": "data", "emptyDir": {}},
-                {"name": "peer-tls", "secret": {"secretName": "ex-peer"}},
                 {"name": "server-tls", "secret": {"secretName": "ex-server"}},
+                {"name": "peer-tls", "secret": {"secretName": "ex-peer"}},
             ])
         );
         // Without TLS nothing of it is there.
@@ -982,5 +1136,58 @@ mod tests {
             pod["spec"]["volumes"][1],
             json!({"name": "operator-tls", "secret": {"secretName": "ex-operator"}})
         );
+    }
+
+    #[test]
+    fn a_tls_cluster_s_backup_pod_saves_with_the_operator_certificate_and_verifies_over_tls() {
+        let c = ClusterRef {
+            tls: true,
+            ..cluster()
+        };
+        let mut tls_spec = spec(false);
+        tls_spec.tls = Some(tls());
+        let pod = backup_pod(
+            &c,
+            &tls_spec,
+            "ex-0",
+            "ex-0.db",
+            &SnapshotCause::OnDemand("now".into()),
+        );
+        let save = &pod["spec"]["initContainers"][0];
+        assert_eq!(
+            save["env"][0],
+            json!({"name": "ETCDCTL_ENDPOINTS", "value": "https://ex-0.ex.ns.svc:2379"})
+        );
+        assert!(
+            save["env"]
+                .to_string()
+                .contains("/etc/etcd/tls/operator/tls.crt"),
+            "{save}"
+        );
+        let serve = &pod["spec"]["containers"][0];
+        let args = serve["args"].to_string();
+        for wanted in [
+            "--listen-client-urls=https://$(POD_IP):2379",
+            "--cert-file=/etc/etcd/tls/server/tls.crt",
+            "--client-cert-auth=true",
+        ] {
+            assert!(args.contains(wanted), "{wanted} in {args}");
+        }
+        assert!(!args.contains("--peer-cert-file"), "{args}");
+        assert_eq!(serve["readinessProbe"]["httpGet"]["port"], "metrics");
+        let volumes = pod["spec"]["volumes"].to_string();
+        assert!(
+            volumes.contains("ex-operator") && volumes.contains("ex-server"),
+            "{volumes}"
+        );
+        // A plain cluster's backup pod has none of it.
+        let plain = backup_pod(
+            &cluster(),
+            &spec(false),
+            "ex-0",
+            "ex-0.db",
+            &SnapshotCause::OnDemand("now".into()),
+        );
+        assert!(!plain.to_string().contains("tls"), "{plain}");
     }
 }

@@ -79,6 +79,21 @@ pub struct EndpointStatus {
     pub is_learner: bool,
     /// Alarms and errors the member reports.
     pub errors: Vec<String>,
+    /// The store's current revision (`header.revision`).
+    pub revision: i64,
+    /// Size of the member's database file in bytes (`dbSize`).
+    pub db_size: i64,
+}
+
+/// etcd's hash of its key-value store up to a revision (`maintenance hashkv`): members that
+/// hold the same history up to that revision give the same hash.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvHash {
+    /// The hash.
+    pub hash: u32,
+    /// The revision the store was compacted at when hashed (-1: never); a member compacted
+    /// past the asked revision cannot hash it.
+    pub compact_revision: i64,
 }
 
 /// Why a request to etcd did not succeed.
@@ -135,6 +150,8 @@ pub trait EtcdApi {
     /// `move-leader`: asks the leader, served by `pod`, to hand leadership to member
     /// `target` and waits until it has. etcd refuses it when `pod` is not the leader.
     fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError>;
+    /// `maintenance hashkv` at `revision` of the etcd serving `pod`.
+    fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError>;
     /// From now on, reach members over TLS as `tls` says (a cluster with `spec.tls`). Fakes
     /// that model no transport ignore it.
     fn use_tls(&mut self, tls: MemberTls) {
@@ -176,12 +193,29 @@ fn de_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
+/// int64 fields, which the gateway encodes as strings (JSON numbers accepted too).
+fn de_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum StringOrNumber {
+        String(String),
+        Number(i64),
+    }
+    match StringOrNumber::deserialize(d)? {
+        StringOrNumber::Number(n) => Ok(n),
+        StringOrNumber::String(s) if s.is_empty() => Ok(0),
+        StringOrNumber::String(s) => s.parse().map_err(serde::de::Error::custom),
+    }
+}
+
 #[derive(Deserialize, Default)]
 struct Header {
     #[serde(default, alias = "clusterId", deserialize_with = "de_u64")]
     cluster_id: u64,
     #[serde(default, alias = "memberId", deserialize_with = "de_u64")]
     member_id: u64,
+    #[serde(default, deserialize_with = "de_i64")]
+    revision: i64,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +248,17 @@ struct StatusResponse {
     is_learner: bool,
     #[serde(default)]
     errors: Vec<String>,
+    #[serde(default, alias = "db_size", deserialize_with = "de_i64")]
+    db_size: i64,
+}
+
+#[derive(Deserialize)]
+struct HashKvResponse {
+    // uint32: a JSON number; omitted when 0, as the gateway omits defaults.
+    #[serde(default)]
+    hash: u32,
+    #[serde(default, alias = "compactRevision", deserialize_with = "de_i64")]
+    compact_revision: i64,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +283,8 @@ pub const MEMBER_PROMOTE_PATH: &str = "/v3/cluster/member/promote";
 pub const STATUS_PATH: &str = "/v3/maintenance/status";
 /// Path of `move-leader` (etcd's `MoveLeader` RPC, since 3.3).
 pub const MOVE_LEADER_PATH: &str = "/v3/maintenance/transfer-leadership";
+/// Path of `maintenance hashkv`.
+pub const HASH_KV_PATH: &str = "/v3/maintenance/hashkv";
 
 /// Body of `member list`: linearizable (etcd 3.5+), so the list goes through the leader and
 /// includes every committed change. A member's local, possibly lagging view could miss a
@@ -261,6 +308,12 @@ pub fn encode_member_id(id: u64) -> Value {
 /// Body of `move-leader`: the transferee's ID as a decimal string.
 pub fn encode_move_leader(target: u64) -> Value {
     json!({"targetID": target.to_string()})
+}
+
+/// Body of `maintenance hashkv`: the revision as a decimal string, as the gateway encodes
+/// int64.
+pub fn encode_hash_kv(revision: i64) -> Value {
+    json!({"revision": revision.to_string()})
 }
 
 /// Turns a non-2xx gateway answer into [`EtcdError::Rejected`]; checks the status first.
@@ -333,6 +386,18 @@ pub fn decode_status(response: &AppCallResponse) -> Result<EndpointStatus, EtcdE
         leader: r.leader,
         is_learner: r.is_learner,
         errors: r.errors,
+        revision: r.header.revision,
+        db_size: r.db_size,
+    })
+}
+
+/// Decodes the answer to `maintenance hashkv`.
+pub fn decode_hash_kv(response: &AppCallResponse) -> Result<KvHash, EtcdError> {
+    check_status(response)?;
+    let r: HashKvResponse = parse("maintenance hashkv", &response.body)?;
+    Ok(KvHash {
+        hash: r.hash,
+        compact_revision: r.compact_revision,
     })
 }
 
@@ -413,6 +478,10 @@ impl<A: AppCall> EtcdApi for GatewayEtcdApi<A> {
     fn use_tls(&mut self, tls: MemberTls) {
         self.tls = Some(tls);
     }
+
+    fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError> {
+        decode_hash_kv(&self.post(pod, HASH_KV_PATH, encode_hash_kv(revision))?)
+    }
 }
 
 #[cfg(test)]
@@ -490,6 +559,32 @@ mod tests {
         let status = decode_status(&ok(body)).expect("decodes");
         assert_eq!(status.version, "3.6.16");
         assert_eq!((status.member_id, status.leader), (5, 5));
+        assert_eq!((status.revision, status.db_size), (0, 20480));
+    }
+
+    #[test]
+    fn status_and_hashkv_of_a_restored_snapshot_as_etcd_answers() {
+        // Recorded from etcd 3.6.16 serving a restored snapshot (3.5 omits hash_revision).
+        let status = r#"{"header":{"cluster_id":"12094687518987835939","member_id":"14871394678139879589","revision":"4","raft_term":"2"},"version":"3.6.16","dbSize":"20480","leader":"14871394678139879589","raftIndex":"3","raftTerm":"2","raftAppliedIndex":"3","dbSizeInUse":"16384","storageVersion":"3.6.0","dbSizeQuota":"2147483648","downgradeInfo":{}}"#;
+        let status = decode_status(&ok(status)).expect("decodes");
+        assert_eq!((status.revision, status.db_size), (4, 20480));
+        let hash = r#"{"header":{"cluster_id":"12094687518987835939","revision":"4"},"hash":4178063679,"compact_revision":"-1","hash_revision":"4"}"#;
+        assert_eq!(
+            decode_hash_kv(&ok(hash)),
+            Ok(KvHash {
+                hash: 4178063679,
+                compact_revision: -1
+            })
+        );
+        assert_eq!(encode_hash_kv(4), json!({"revision": "4"}));
+        let compacted = AppCallResponse {
+            status: 400,
+            body: r#"{"error":"mvcc: required revision has been compacted","code":11}"#.into(),
+        };
+        assert!(matches!(
+            decode_hash_kv(&compacted),
+            Err(EtcdError::Rejected { code: Some(11), .. })
+        ));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! PersistentVolumeClaims and PodDisruptionBudget, and the time. The plugin answers with a
 //! [`Decision`](protocol::Decision): objects to apply or delete, the new status, Events, and
 //! when to look again. The only thing it may do itself is ask etcd, through the host's
-//! `app-call`, about membership ([`etcd_api`]).
+//! `app-call`, about membership and about the snapshots it verifies ([`etcd_api`]).
 //!
 //! The crate is plain Rust on the plugin SDK (`policy-host-sdk`, `wit/sdk`) and tests
 //! natively (`cargo test -p guest-etcd`); built for `wasm32-wasip2` it is a WebAssembly
@@ -17,11 +17,13 @@
 //! - [`spec`] — the custom resource types (and, with feature `crd`, the CRD).
 //! - [`etcd_api`] — what the plugin asks etcd, and the gateway JSON encoding.
 //! - [`children`] — names and JSON of the Services, Pods, claims and budget.
+//! - [`schedule`] — the backup schedule: durations, times, when a snapshot is due.
 //! - [`reconcile`] — the decisions, and the status conditions they report.
 
 pub mod children;
 pub mod etcd_api;
 pub mod reconcile;
+pub mod schedule;
 pub mod spec;
 
 /// The contract types (observation, decision, ...), which are the SDK's; kept under this

@@ -15,20 +15,21 @@
 //!   fresh member is added; with persistent storage its pod is recreated on its claim.
 //! - upgrade: one minor at a time, each member restarted in place with the new image,
 //!   followers first and the leader last; downgrades and two-minor jumps are refused.
+//! - backup: one snapshot at a time, on demand or on schedule, listed in status only once a
+//!   throwaway etcd has restored and served it (`reconcile/backup.rs`).
 //!
 //! These follow etcd's runtime reconfiguration guide
 //! (<https://etcd.io/docs/v3.6/op-guide/runtime-configuration/>): change one member at a
 //! time, add new members as learners, and remove a dead member before adding its
 //! replacement.
 
-use policy_host_sdk::conditions::{Condition, already_set, rfc3339, set_condition};
+use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use policy_host_sdk::pods::ObservedPod;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::children::{
-    self, ANNOTATION_TRIGGER, ClusterRef, ClusterState, ETCD_CONTAINER, MemberPod,
-    ObservedChildren, quorum,
+    self, ClusterRef, ClusterState, ETCD_CONTAINER, MemberPod, ObservedChildren, quorum,
 };
 use crate::etcd_api::{EndpointStatus, EtcdApi, Member, MemberList, MemberTls};
 use crate::protocol::{Action, Decision, Event, EventType, Observation, PolicyError, Timestamp};
@@ -160,6 +161,7 @@ pub fn reconcile(
         now: observation.now,
         backup_status: None,
         backup_running: false,
+        backup_due_in_ms: None,
         restart_from: None,
     };
     let view = step.contact(etcd);
@@ -256,6 +258,8 @@ struct Step<'a> {
     backup_status: Option<BackupStatus>,
     /// A snapshot is being taken: look again soon.
     backup_running: bool,
+    /// The next scheduled snapshot is due in this many milliseconds: look again then.
+    backup_due_in_ms: Option<u64>,
     /// Quorum is lost for good: forget the cluster and start again from this snapshot.
     restart_from: Option<String>,
 }
@@ -586,90 +590,8 @@ impl<'a> Step<'a> {
             self.check_version_change(&running);
         }
         let list = self.membership_step(etcd, &view.contact, view.list, leader);
-        self.backup(&view.contact);
+        self.backup(etcd, &view.contact);
         Outcome::Reachable { list, version }
-    }
-
-    /// Takes a snapshot when `spec.backup.trigger` names one not taken yet: a Pod runs
-    /// `etcdctl snapshot save` from the member that answered into the backup claim; once it
-    /// has finished, its result goes to `status.backup`, and once that status is observed the
-    /// Pod is deleted.
-    fn backup(&mut self, contact: &str) {
-        let Some(backup) = &self.spec.backup else {
-            return;
-        };
-        if let Some(claim) = children::backup_claim(self.cluster, self.spec) {
-            self.actions.push(Action::Apply(claim));
-        }
-        let trigger = backup.trigger.as_deref().unwrap_or_default().trim();
-        let recorded = self.observed.backup.as_ref();
-        let done = trigger.is_empty() || recorded.is_some_and(|b| b.trigger == trigger);
-        let pod = self.children.backup_pods.first();
-        let delete = |step: &mut Self, pod: &ObservedPod| {
-            if !pod.terminating {
-                step.actions.push(Action::Delete {
-                    kind: children::pod_kind(),
-                    name: pod.name.clone(),
-                });
-            }
-        };
-        match pod {
-            // Finished and recorded, or left from an older trigger.
-            Some(pod) if done || pod.annotation(ANNOTATION_TRIGGER) != Some(trigger) => {
-                delete(self, pod)
-            }
-            Some(pod) if pod.phase == "Succeeded" || pod.phase == "Failed" => {
-                let succeeded = pod.phase == "Succeeded";
-                let file = self.cluster.snapshot_file(trigger);
-                let last = recorded.filter(|b| b.phase == "Succeeded");
-                self.backup_status = Some(BackupStatus {
-                    trigger: trigger.to_owned(),
-                    phase: pod.phase.clone(),
-                    last_snapshot: if succeeded {
-                        Some(file.clone())
-                    } else {
-                        last.and_then(|b| b.last_snapshot.clone())
-                    },
-                    last_success_time: if succeeded {
-                        Some(rfc3339(self.now))
-                    } else {
-                        last.and_then(|b| b.last_success_time.clone())
-                    },
-                });
-                if succeeded {
-                    self.event(
-                        EventType::Normal,
-                        "BackupSucceeded",
-                        format!(
-                            "snapshot {file} saved in claim {}",
-                            self.cluster.backup_claim_name()
-                        ),
-                    );
-                } else {
-                    self.event(
-                        EventType::Warning,
-                        "BackupFailed",
-                        format!(
-                            "snapshot {file} failed; see the logs of pod {} before it goes, and set spec.backup.trigger to a new value to retry",
-                            pod.name
-                        ),
-                    );
-                }
-                // The Pod goes only once the parent's status records this trigger (the `done`
-                // arm above): deleting it now, when the status write may not be observed yet by
-                // the next reconcile, would make that reconcile take the snapshot again.
-            }
-            Some(_) => self.backup_running = true,
-            None if done => {}
-            None => {
-                let pod = children::backup_pod(self.cluster, self.spec, contact, trigger);
-                self.actions.push(Action::Apply(match &self.spec.tls {
-                    Some(tls) => children::with_operator_tls(pod, tls),
-                    None => pod,
-                }));
-                self.backup_running = true;
-            }
-        }
     }
 
     /// etcd upgrades one minor version at a time and never downgrades
@@ -1338,16 +1260,21 @@ impl<'a> Step<'a> {
         actions.push(Action::SetStatus(
             serde_json::to_value(&status).unwrap_or(Value::Null),
         ));
+        let requeue = if steady {
+            REQUEUE_STEADY_MS
+        } else {
+            REQUEUE_PROGRESSING_MS
+        };
         Decision {
             actions,
-            requeue_after_ms: Some(if steady {
-                REQUEUE_STEADY_MS
-            } else {
-                REQUEUE_PROGRESSING_MS
-            }),
+            requeue_after_ms: Some(
+                self.backup_due_in_ms
+                    .map_or(requeue, |due| due.min(requeue)),
+            ),
         }
     }
 }
 
+mod backup;
 #[cfg(test)]
 mod tests;

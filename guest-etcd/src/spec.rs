@@ -12,6 +12,8 @@ pub use policy_host_sdk::conditions::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::schedule::parse_duration;
+
 /// Image repository used when `spec.repository` is not set.
 pub const DEFAULT_REPOSITORY: &str = "gcr.io/etcd-development/etcd";
 
@@ -75,6 +77,12 @@ fn default_version() -> String {
             description = "Creating, Running, Scaling or Failed"
         ),
         printcolumn(
+            name = "Last Backup",
+            type_ = "date",
+            json_path = ".status.backup.lastSuccessTime",
+            description = "When the last snapshot succeeded"
+        ),
+        printcolumn(
             name = "Age",
             type_ = "date",
             json_path = ".metadata.creationTimestamp"
@@ -100,8 +108,8 @@ pub struct EtcdClusterSpec {
     /// data in an `emptyDir` and a member whose pod is lost is replaced by a fresh member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
-    /// Snapshots of the cluster's data into a claim `backup-<cluster>`, taken by a Pod
-    /// running `etcdctl snapshot save`.
+    /// Snapshots of the cluster's data into a claim `backup-<cluster>`, on demand and on a
+    /// schedule, each one proven to restore before it is listed in `status.backup`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
     /// Start a new cluster from a snapshot instead of empty (read only at creation; later
@@ -134,17 +142,25 @@ pub struct TlsSpec {
     pub operator_secret: String,
 }
 
-/// Where snapshots go and when one is taken.
+/// Where snapshots go, when one is taken and how many are kept.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
     /// The claim `backup-<cluster>` that keeps the snapshots.
     pub storage: StorageSpec,
-    /// Set it to a new value (e.g. the current time) to take a snapshot now; the snapshot
-    /// file is `<cluster>-<trigger>.db`, with characters other than letters, digits, `.`,
-    /// `_` and `-` replaced by `-`.
+    /// Set it to a new value (e.g. the current time) to take a snapshot now, beside any
+    /// schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// Take a snapshot this often, e.g. `6h`, `30m` or `1h30m` (units `s`, `m`, `h`). The
+    /// first is taken as soon as the cluster answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// How many snapshots to keep (default 3, at least 1). Snapshots rotate through that
+    /// many files `<cluster>-<slot>.db`, a new one replacing the oldest;
+    /// `status.backup.snapshots` says which file holds what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<i64>,
     /// When a majority of voting members lost their pods and data (emptyDir storage), so
     /// etcd cannot recover by itself: delete what is left and start the cluster again from
     /// the last successful snapshot (`status.backup.lastSnapshot`). Writes made after that
@@ -159,7 +175,7 @@ pub struct BackupSpec {
 pub struct RestoreSpec {
     /// The claim holding the snapshot, e.g. `backup-<other cluster>`.
     pub claim_name: String,
-    /// The snapshot file in that claim, as `status.backup.lastSnapshot` names it.
+    /// The snapshot file in that claim, as `status.backup.snapshots[].file` names it.
     pub snapshot: String,
 }
 
@@ -302,7 +318,7 @@ pub struct EtcdClusterStatus {
     /// The `metadata.generation` this status was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The last snapshot taken, once `spec.backup.trigger` was set.
+    /// The snapshots kept and the outcome of the last one, once one was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupStatus>,
     /// The snapshot (in the backup claim) the cluster is being started again from after a
@@ -311,22 +327,57 @@ pub struct EtcdClusterStatus {
     pub restoring: Option<String>,
 }
 
-/// Result of the last snapshot.
+/// The snapshots kept, and the outcome of the last one.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupStatus {
-    /// The `spec.backup.trigger` this result is for.
+    /// The last `spec.backup.trigger` a snapshot was taken for.
     #[serde(default)]
     pub trigger: String,
-    /// `Succeeded` or `Failed`.
+    /// `Succeeded` or `Failed`: the outcome of the last snapshot, on demand or scheduled.
     #[serde(default)]
     pub phase: String,
-    /// The snapshot file in the backup claim (the last one that succeeded).
+    /// Why the last snapshot failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The newest verified snapshot file in the backup claim (the first of `snapshots`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_snapshot: Option<String>,
     /// When the last snapshot succeeded (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_success_time: Option<String>,
+    /// The time the last scheduled snapshot was due (RFC 3339), succeeded or not: the next
+    /// one is due `spec.backup.every` later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_time: Option<String>,
+    /// When the next scheduled snapshot is due (RFC 3339), with `spec.backup.every`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scheduled_time: Option<String>,
+    /// The snapshots kept in the backup claim, newest first, at most `spec.backup.keep`.
+    /// Each was restored and served by a throwaway etcd before it was listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotStatus>,
+}
+
+/// One verified snapshot in the backup claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The file in the backup claim, `<cluster>-<slot>.db`: give it to `spec.restore`.
+    pub file: String,
+    /// The `spec.backup.trigger` it was taken for, or `scheduled`.
+    pub trigger: String,
+    /// When it was saved (RFC 3339).
+    pub taken_at: String,
+    /// The etcd revision it holds: the last write in it.
+    pub revision: i64,
+    /// Size of the restored database in bytes (etcd's `dbSize`).
+    pub size: i64,
+    /// etcd's KV hash at `revision` (`hashKV`): equal to `etcdctl endpoint hashkv
+    /// --rev=<revision>` of a member that has not compacted past it, so a live cluster can be
+    /// checked against the snapshot.
+    #[serde(rename = "hashKV")]
+    pub hash_kv: u32,
 }
 
 /// Lifecycle phase of the cluster.
@@ -376,11 +427,29 @@ pub struct ValidSpec {
     /// Persistent storage, if any.
     pub storage: Option<StorageSpec>,
     /// Snapshots, if any.
-    pub backup: Option<BackupSpec>,
+    pub backup: Option<ValidBackup>,
     /// Snapshot to start from, if any.
     pub restore: Option<RestoreSpec>,
     /// TLS Secrets, if the cluster speaks TLS.
     pub tls: Option<TlsSpec>,
+}
+
+/// Default of `spec.backup.keep`.
+pub const DEFAULT_KEEP: usize = 3;
+
+/// A validated `spec.backup`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidBackup {
+    /// The backup claim.
+    pub storage: StorageSpec,
+    /// The on-demand trigger, trimmed; empty when unset.
+    pub trigger: String,
+    /// Seconds between scheduled snapshots; `None`: no schedule.
+    pub every_seconds: Option<i64>,
+    /// Snapshots to keep (slots to rotate through), at least 1.
+    pub keep: usize,
+    /// Restore the last snapshot when quorum is lost for good.
+    pub restore_on_quorum_loss: bool,
 }
 
 /// An etcd version `major.minor.patch` (pre-release suffixes are kept for the image tag).
@@ -470,11 +539,7 @@ impl EtcdClusterSpec {
         {
             return Err("spec.storage.size is empty: set it, e.g. 1Gi".to_owned());
         }
-        if let Some(backup) = &self.backup
-            && backup.storage.size.0.trim().is_empty()
-        {
-            return Err("spec.backup.storage.size is empty: set it, e.g. 1Gi".to_owned());
-        }
+        let backup = self.backup.as_ref().map(BackupSpec::validate).transpose()?;
         if let Some(restore) = &self.restore
             && (restore.claim_name.trim().is_empty()
                 || restore.snapshot.trim().is_empty()
@@ -516,7 +581,7 @@ impl EtcdClusterSpec {
                 .map(|p| p.tolerations.clone())
                 .unwrap_or_default(),
             storage: self.storage.clone(),
-            backup: self.backup.clone(),
+            backup,
             restore: self.restore.clone(),
             tls: self.tls.clone(),
         })
@@ -533,6 +598,41 @@ fn is_dns_subdomain(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
+impl BackupSpec {
+    /// Checks `spec.backup`; on failure the message says what to fix.
+    pub fn validate(&self) -> Result<ValidBackup, String> {
+        if self.storage.size.0.trim().is_empty() {
+            return Err("spec.backup.storage.size is empty: set it, e.g. 1Gi".to_owned());
+        }
+        let every_seconds = match &self.every {
+            None => None,
+            Some(every) => Some(parse_duration(every).ok_or_else(|| {
+                format!(
+                    "spec.backup.every {every:?} is not a duration: use a number and a unit s, m or h, e.g. 6h, 30m or 1h30m"
+                )
+            })?),
+        };
+        let keep = match self.keep {
+            None => DEFAULT_KEEP,
+            Some(keep) => usize::try_from(keep).ok().filter(|k| *k >= 1).ok_or_else(|| {
+                format!("spec.backup.keep is {keep}: keep at least 1 snapshot (default {DEFAULT_KEEP})")
+            })?,
+        };
+        Ok(ValidBackup {
+            storage: self.storage.clone(),
+            trigger: self
+                .trigger
+                .as_deref()
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            every_seconds,
+            keep,
+            restore_on_quorum_loss: self.restore_on_quorum_loss,
+        })
+    }
 }
 
 /// The CustomResourceDefinition for `EtcdCluster`, for `cargo xtask crdgen` (which writes it
@@ -693,6 +793,9 @@ mod tests {
             .clone()
             .unwrap_or_default();
         let names: Vec<_> = columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["Size", "Ready", "Version", "Phase", "Age"]);
+        assert_eq!(
+            names,
+            ["Size", "Ready", "Version", "Phase", "Last Backup", "Age"]
+        );
     }
 }

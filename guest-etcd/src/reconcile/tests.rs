@@ -1,5 +1,8 @@
 //! Table-driven tests of the decisions: one row per situation, including every point where
-//! the host may stop between two steps of a membership change.
+//! the host may stop between two steps of a membership change. Backup rows are in
+//! [`backup`].
+
+mod backup;
 
 use policy_host_sdk::testing::Harness;
 use serde_json::{Value, json};
@@ -7,7 +10,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::EtcdPlugin;
 use crate::children::{pod_kind, pvc_kind};
-use crate::etcd_api::{EtcdError, MemberAdded};
+use crate::etcd_api::{EtcdError, KvHash, MemberAdded};
 use crate::protocol::{Child, KindRef};
 
 /// A fake etcd for pure-logic tests, not a model of etcd: it serves a scripted member list
@@ -29,6 +32,11 @@ struct FakeEtcd {
     version: &'static str,
     /// Versions of single members, overriding `version` (during an upgrade).
     pod_versions: Vec<(&'static str, &'static str)>,
+    /// What every etcd (members and a backup Pod's verifying one) reports: revision, database
+    /// size, KV hash.
+    revision: i64,
+    db_size: i64,
+    hash: u32,
     next_id: u64,
     calls: Vec<String>,
     /// What `use_tls` was told, if anything.
@@ -47,6 +55,9 @@ impl Default for FakeEtcd {
             leader: 1,
             version: "3.6.16",
             pod_versions: Vec::new(),
+            revision: 42,
+            db_size: 20_480,
+            hash: 4_178_063_679,
             next_id: 100,
             calls: Vec::new(),
             tls: None,
@@ -90,7 +101,9 @@ impl FakeEtcd {
     fn changes(&self) -> Vec<String> {
         self.calls
             .iter()
-            .filter(|c| !c.starts_with("list") && !c.starts_with("status"))
+            .filter(|c| {
+                !c.starts_with("list") && !c.starts_with("status") && !c.starts_with("hashkv")
+            })
             .cloned()
             .collect()
     }
@@ -184,6 +197,17 @@ impl EtcdApi for FakeEtcd {
             leader: self.leader,
             is_learner: false,
             errors: Vec::new(),
+            revision: self.revision,
+            db_size: self.db_size,
+        })
+    }
+
+    fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError> {
+        self.calls.push(format!("hashkv {pod} {revision}"));
+        self.answers(pod)?;
+        Ok(KvHash {
+            hash: self.hash,
+            compact_revision: -1,
         })
     }
 }
@@ -297,36 +321,14 @@ fn claim(name: &str) -> Child {
     }
 }
 
-/// The backup pod of `ex` for `trigger`, in `phase`, as the API server would return it.
-fn backup_pod_child(trigger: &str, phase: &str) -> Child {
-    let cluster = ClusterRef {
-        name: "ex".into(),
-        namespace: "ns".into(),
-        tls: false,
-    };
-    let spec = EtcdClusterSpec {
-        size: 3,
-        version: "3.6.16".into(),
-        ..Default::default()
-    }
-    .validate()
-    .expect("valid");
-    let mut object = children::backup_pod(&cluster, &spec, "ex-0", trigger);
-    object["status"] = json!({"phase": phase});
-    Child {
-        kind: pod_kind(),
-        object: object.to_string(),
-    }
-}
-
-fn with_backup(size: i64, trigger: &str) -> Value {
-    json!({"size": size, "version": "3.6.16", "backup": {"storage": {"size": "1Gi"}, "trigger": trigger}})
-}
-
-/// A recorded cluster whose status says the snapshot for `trigger` succeeded.
+/// A recorded cluster whose status says the snapshot for `trigger` succeeded, into slot 0.
 fn backed_up(members: &[&str], trigger: &str) -> Value {
     let mut status = recorded(members);
-    status["backup"] = json!({"trigger": trigger, "phase": "Succeeded", "lastSnapshot": format!("ex-{trigger}.db")});
+    status["backup"] = json!({
+        "trigger": trigger, "phase": "Succeeded", "lastSnapshot": "ex-0.db",
+        "snapshots": [{"file": "ex-0.db", "trigger": trigger, "takenAt": "2024-05-01T11:00:00Z",
+                       "revision": 7, "size": 20480, "hashKV": 1}],
+    });
     status
 }
 
@@ -1299,150 +1301,6 @@ fn rows() -> Vec<Row> {
             check: |_, etcd| assert!(etcd.calls.is_empty()),
         },
         Row {
-            name: "a new backup trigger starts a snapshot pod streaming from the member that answered",
-            observation: observation(
-                with_backup(3, "2024-05-01T12:00"),
-                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
-                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex", "Pod/ex-backup"],
-            deleted: &[],
-            events: &[],
-            phase: "Running",
-            requeue: Some(2_000),
-            check: |d, _| {
-                let pod = d.actions.iter().find_map(|a| match a {
-                    Action::Apply(o) if o["metadata"]["name"] == "ex-backup" => Some(o.clone()),
-                    _ => None,
-                });
-                let container = pod.unwrap_or_default()["spec"]["containers"][0].clone();
-                assert_eq!(
-                    container["command"],
-                    json!([
-                        "/usr/local/bin/etcdctl",
-                        "snapshot",
-                        "save",
-                        "/backup/ex-2024-05-01T12-00.db"
-                    ])
-                );
-                assert_eq!(
-                    container["env"],
-                    json!([{"name": "ETCDCTL_ENDPOINTS", "value": "http://ex-0.ex.ns.svc:2379"}])
-                );
-            },
-        },
-        Row {
-            name: "a finished snapshot is recorded in status, its pod kept until that status is observed",
-            observation: observation(
-                with_backup(3, "t1"),
-                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
-                vec![
-                    ready("ex-0"),
-                    ready("ex-1"),
-                    ready("ex-2"),
-                    backup_pod_child("t1", "Succeeded"),
-                ],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &[],
-            events: &["Normal/BackupSucceeded"],
-            phase: "Running",
-            requeue: Some(30_000),
-            check: |d, _| {
-                let status = summarize(d).status;
-                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db", "{status}");
-                assert_eq!(status["backup"]["trigger"], "t1");
-                assert_eq!(status["backup"]["lastSuccessTime"], "2024-05-01T12:00:00Z");
-            },
-        },
-        Row {
-            name: "a failed snapshot is recorded as failed, keeping the last good one, pod kept until observed",
-            observation: observation(
-                with_backup(3, "t2"),
-                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
-                vec![
-                    ready("ex-0"),
-                    ready("ex-1"),
-                    ready("ex-2"),
-                    backup_pod_child("t2", "Failed"),
-                ],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &[],
-            events: &["Warning/BackupFailed"],
-            phase: "Running",
-            requeue: Some(30_000),
-            check: |d, _| {
-                let status = summarize(d).status;
-                assert_eq!(status["backup"]["phase"], "Failed", "{status}");
-                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db");
-            },
-        },
-        Row {
-            name: "the finished pod of a snapshot the status records is deleted, not run again",
-            observation: observation(
-                with_backup(3, "t1"),
-                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
-                vec![
-                    ready("ex-0"),
-                    ready("ex-1"),
-                    ready("ex-2"),
-                    backup_pod_child("t1", "Succeeded"),
-                ],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &["Pod/ex-backup"],
-            events: &[],
-            phase: "Running",
-            requeue: Some(30_000),
-            check: no_check,
-        },
-        Row {
-            name: "a snapshot already recorded is not taken again, and a backup pod is never a member",
-            observation: observation(
-                with_backup(3, "t1"),
-                Some(backed_up(&["ex-0", "ex-1", "ex-2"], "t1")),
-                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &[],
-            events: &[],
-            phase: "Running",
-            requeue: Some(30_000),
-            check: no_check,
-        },
-        Row {
-            name: "a running snapshot pod is left alone and not taken for a stray member",
-            observation: observation(
-                with_backup(3, "t1"),
-                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
-                vec![
-                    ready("ex-0"),
-                    ready("ex-1"),
-                    ready("ex-2"),
-                    backup_pod_child("t1", "Running"),
-                ],
-            ),
-            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
-            changes: &[],
-            applied: &["PersistentVolumeClaim/backup-ex"],
-            deleted: &[],
-            events: &[],
-            phase: "Running",
-            requeue: Some(2_000),
-            check: no_check,
-        },
-        Row {
             name: "restore: the seed member starts from the snapshot, restored by an init container",
             observation: observation(
                 json!({"size": 3, "version": "3.6.16", "restore": {"claimName": "backup-old", "snapshot": "old-t1.db"}}),
@@ -1526,10 +1384,10 @@ fn rows() -> Vec<Row> {
             requeue: Some(2_000),
             check: |d, _| {
                 let status = summarize(d).status;
-                assert_eq!(status["restoring"], "ex-t1.db", "{status}");
+                assert_eq!(status["restoring"], "ex-0.db", "{status}");
                 assert!(status.get("clusterID").is_none(), "{status}");
                 assert!(status.get("members").is_none(), "{status}");
-                assert_eq!(status["backup"]["lastSnapshot"], "ex-t1.db");
+                assert_eq!(status["backup"]["lastSnapshot"], "ex-0.db");
             },
         },
         Row {
@@ -1614,7 +1472,7 @@ fn rows() -> Vec<Row> {
 #[test]
 fn decisions() {
     let mut failures = Vec::new();
-    for row in rows() {
+    for row in rows().into_iter().chain(backup::rows()) {
         let mut etcd = row.etcd.clone();
         let decision = match reconcile(&row.observation, &mut etcd) {
             Ok(d) => d,
@@ -1758,7 +1616,11 @@ fn finalize_has_nothing_to_clean_up() {
 fn decisions_are_idempotent_for_the_same_observation() {
     // Same observation twice (etcd unchanged between them, as after a failed apply):
     // the same actions.
-    for row in rows().into_iter().filter(|r| r.changes.is_empty()) {
+    for row in rows()
+        .into_iter()
+        .chain(backup::rows())
+        .filter(|r| r.changes.is_empty())
+    {
         let mut a = row.etcd.clone();
         let mut b = row.etcd.clone();
         let first = reconcile(&row.observation, &mut a).map(|d| d.actions);
