@@ -138,6 +138,9 @@ pub fn reconcile(
         Ok(spec) => spec,
         Err(message) => return Ok(invalid_spec(&parent, message, observation.now)),
     };
+    if let Some(message) = tls_change(&spec, &children) {
+        return Ok(invalid_spec(&parent, message, observation.now));
+    }
     if let Some(tls) = &spec.tls {
         etcd.use_tls(MemberTls {
             secret: tls.operator_secret.clone(),
@@ -173,6 +176,39 @@ pub fn reconcile(
 }
 
 /// Invalid spec: touch nothing, say what to fix, warn once.
+/// Why the spec cannot be carried out when `spec.tls` was added to, or removed from, a cluster
+/// whose members already serve the other way: their URLs are in etcd's membership and in each
+/// member's data, and a half-switched cluster cannot talk to itself, so nothing is changed.
+fn tls_change(spec: &ValidSpec, children: &ObservedChildren) -> Option<String> {
+    let wanted = spec.tls.is_some();
+    let member = children
+        .pods
+        .iter()
+        .filter(|p| !p.terminating)
+        .find(|pod| {
+            let serves_tls = pod.object["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["name"] == children::ETCD_CONTAINER)
+                .flat_map(|c| c["args"].as_array().into_iter().flatten())
+                .filter_map(Value::as_str)
+                .any(|arg| arg.starts_with("--listen-client-urls=https://"));
+            serves_tls != wanted
+        })?;
+    Some(if wanted {
+        format!(
+            "spec.tls was set, but the members already serve plain HTTP (pod {}): a running cluster cannot switch to TLS; remove spec.tls, or create a new EtcdCluster with spec.tls and spec.restore from a snapshot of this one",
+            member.name
+        )
+    } else {
+        format!(
+            "spec.tls was removed, but the members serve TLS (pod {}): a running cluster cannot switch to plain HTTP; put spec.tls back",
+            member.name
+        )
+    })
+}
+
 fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
     let degraded = Condition::new(DEGRADED, true, "InvalidSpec", message.clone());
     let mut actions = Vec::new();

@@ -117,7 +117,7 @@ pub struct EtcdClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreSpec>,
     /// TLS for peer and client traffic, from Secrets in the cluster's namespace. Read at
-    /// creation: a cluster cannot move between plain and TLS traffic.
+    /// creation: adding or removing it on a running cluster is refused and changes nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 }

@@ -1670,6 +1670,20 @@ fn the_plugin_asks_etcd_through_the_gateway_and_settles() {
     assert!(plugin.app.requests.iter().all(|r| r.port == "client"));
 }
 
+/// A member pod as a TLS cluster has it: its URLs are https.
+fn serving_tls(mut child: Child) -> Child {
+    let mut object: Value = serde_json::from_str(&child.object).expect("pod JSON");
+    if let Some(args) = object["spec"]["containers"][0]["args"].as_array_mut() {
+        for arg in args.iter_mut() {
+            if let Some(text) = arg.as_str() {
+                *arg = json!(text.replace("=http://", "=https://"));
+            }
+        }
+    }
+    child.object = object.to_string();
+    child
+}
+
 #[test]
 fn a_tls_cluster_is_called_over_tls_and_adds_members_with_https_peer_urls() {
     let tls_spec = json!({"size": 4, "version": "3.6.16", "tls": {
@@ -1679,7 +1693,9 @@ fn a_tls_cluster_is_called_over_tls_and_adds_members_with_https_peer_urls() {
         &observation(
             tls_spec.clone(),
             Some(recorded(&["ex-0", "ex-1", "ex-2"])),
-            vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ["ex-0", "ex-1", "ex-2"]
+                .map(|name| serving_tls(ready(name)))
+                .to_vec(),
         ),
         &mut etcd,
     )
@@ -1711,4 +1727,63 @@ fn a_tls_cluster_is_called_over_tls_and_adds_members_with_https_peer_urls() {
     )
     .expect("decides");
     assert_eq!(plain.tls, None);
+}
+
+#[test]
+fn tls_cannot_be_switched_on_or_off_under_a_running_cluster() {
+    let tls = json!({"peerSecret": "ex-peer", "serverSecret": "ex-server", "operatorSecret": "ex-operator"});
+    let plain_pods = vec![ready("ex-0"), ready("ex-1"), ready("ex-2")];
+    let mut etcd = FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]);
+    let decision = reconcile(
+        &observation(
+            json!({"size": 3, "version": "3.6.16", "tls": tls}),
+            Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+            plain_pods,
+        ),
+        &mut etcd,
+    )
+    .expect("decides");
+    let summary = summarize(&decision);
+    let degraded = condition(&summary.status, "Degraded").cloned();
+    assert_eq!(
+        degraded
+            .as_ref()
+            .map(|c| (c["status"].clone(), c["reason"].clone())),
+        Some((json!("True"), json!("InvalidSpec"))),
+        "{degraded:?}"
+    );
+    let message = degraded
+        .as_ref()
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default();
+    assert!(
+        message.contains("spec.tls was set") && message.contains("pod ex-0"),
+        "{message}"
+    );
+    assert!(
+        summary.applied.is_empty() && summary.deleted.is_empty(),
+        "{summary:?}"
+    );
+    assert!(
+        etcd.calls.is_empty(),
+        "etcd is not even asked: {:?}",
+        etcd.calls
+    );
+    assert_eq!(summary.events, ["Warning/InvalidSpec"]);
+
+    // The other way: a TLS member and a spec without tls.
+    let tls_pod = serving_tls(ready("ex-0"));
+    let mut etcd = FakeEtcd::with(vec![voter(1, "ex-0")]);
+    let decision = reconcile(
+        &observation(spec(1), Some(recorded(&["ex-0"])), vec![tls_pod]),
+        &mut etcd,
+    )
+    .expect("decides");
+    let summary = summarize(&decision);
+    let message = condition(&summary.status, "Degraded")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("spec.tls was removed"), "{message}");
+    assert!(etcd.calls.is_empty(), "{:?}", etcd.calls);
 }
