@@ -21,9 +21,9 @@ const ALIAS: &str = "s3";
 /// Where the upload's `mc` keeps its configuration: a scratch `emptyDir`, because `mc`
 /// writes one at start and the image's home may be read-only.
 const MC_CONFIG_MOUNT: &str = "/mc";
-/// Keys of the credentials Secret.
+/// The credentials Secret's key holding the access key ID.
 pub const ACCESS_KEY_ID: &str = "accessKeyID";
-/// Keys of the credentials Secret.
+/// The credentials Secret's key holding the secret access key.
 pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
 
 /// `s3://<bucket>/<prefix><file>`: where `file` is uploaded, as status reports it.
@@ -33,6 +33,7 @@ pub fn location(s3: &ValidS3, file: &str) -> String {
 
 /// The environment that gives `mc` the alias `s3` for `endpoint` with the Secret's keys.
 fn credentials_env(endpoint: &str, secret: &str) -> Value {
+    // Validation guarantees a scheme; https is the safe reading of one without.
     let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", endpoint));
     let key = |name: &str, key: &str| json!({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});
     json!([
