@@ -190,9 +190,9 @@ pub struct S3BackupSpec {
     /// Prepended to each object name, e.g. `etcd/prod/` (a missing trailing `/` is added).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey` (each
-    /// without URL-reserved characters such as `/`, `@` or `:`, or percent-encoded: the
-    /// upload passes them to `mc` inside a URL).
+    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`. `mc`
+    /// reads them from `MC_HOST_s3=<scheme>://<id>:<secret>@<host>` as written, so neither may
+    /// contain `:` (`/`, `+` and `@` are fine).
     pub credentials_secret: String,
     /// The image running `mc` for the upload; defaults to a pinned `minio/mc` release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
