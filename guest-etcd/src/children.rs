@@ -1315,4 +1315,55 @@ mod tests {
         );
         assert!(!plain.to_string().contains("tls"), "{plain}");
     }
+
+    #[test]
+    fn a_tls_cluster_s_upload_gets_the_store_s_credentials_not_the_operator_certificate() {
+        let c = ClusterRef {
+            tls: true,
+            ..cluster()
+        };
+        let mut s = spec(false);
+        s.tls = Some(tls());
+        s.backup = crate::spec::BackupSpec {
+            storage: StorageSpec {
+                size: Quantity("1Gi".into()),
+                storage_class_name: None,
+            },
+            s3: Some(crate::spec::S3BackupSpec {
+                endpoint: "https://s3.example.com".into(),
+                bucket: "etcd".into(),
+                credentials_secret: "s3-credentials".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .validate()
+        .ok();
+        let pod = backup_pod(
+            &c,
+            &s,
+            "ex-0",
+            "ex-1.db",
+            &SnapshotCause::OnDemand("now".into()),
+        );
+        let init = pod["spec"]["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["save", "restore", "upload"]);
+        let upload = init[2].to_string();
+        assert!(
+            !upload.contains("ETCDCTL") && !upload.contains("operator-tls"),
+            "{upload}"
+        );
+        assert!(upload.contains("s3/etcd/ex-1.db"), "{upload}");
+        // The etcd steps keep their TLS.
+        assert!(init[0].to_string().contains("operator-tls"), "{}", init[0]);
+        assert!(
+            pod["spec"]["containers"][0]["args"]
+                .to_string()
+                .contains("--client-cert-auth=true")
+        );
+    }
 }

@@ -336,7 +336,7 @@ impl Step<'_> {
                 }
                 (
                     format!(
-                        "pod {} had no result {} minutes after it was created (phase {}); check that claim {} binds and the image {} can be pulled",
+                        "pod {} had no result {} minutes after it was created (phase {}); check that claim {} binds and the image {}{} can be pulled",
                         pod.name,
                         BACKUP_DEADLINE_SECONDS / 60,
                         if pod.phase.is_empty() {
@@ -345,7 +345,12 @@ impl Step<'_> {
                             &pod.phase
                         },
                         self.cluster.backup_claim_name(),
-                        self.spec.image
+                        self.spec.image,
+                        backup
+                            .s3
+                            .as_ref()
+                            .map(|s3| format!(" (and {})", s3.image))
+                            .unwrap_or_default()
                     ),
                     terminated(pod, "initContainerStatuses", SAVE_CONTAINER)
                         .is_some_and(|s| s["exitCode"] == 0),
