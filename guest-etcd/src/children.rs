@@ -7,8 +7,8 @@
 //! - Pod `<cluster>-<n>` per member, whose etcd member name is the pod name.
 //! - PersistentVolumeClaim `data-<cluster>-<n>` per member, only with `spec.storage`.
 //! - PodDisruptionBudget `<cluster>`, keeping a quorum through voluntary disruptions.
-//! - PersistentVolumeClaim `backup-<cluster>` and, while a snapshot is taken and verified,
-//!   Pod `<cluster>-backup`, only with `spec.backup`.
+//! - PersistentVolumeClaim `backup-<cluster>` and, while a snapshot is taken and verified
+//!   (and uploaded, with `spec.backup.s3`), Pod `<cluster>-backup`, only with `spec.backup`.
 //!
 //! The host sets namespaces and owner references itself; nothing here sets them.
 
@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 /// budget.
 pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
 
-use crate::spec::{RestoreSpec, StorageSpec, TlsSpec, ValidSpec};
+use crate::object_store;
+use crate::spec::{DEFAULT_MC_IMAGE, RestoreSpec, StorageSpec, TlsSpec, ValidSpec};
 
 /// Label every child carries: `app.kubernetes.io/name: etcd`.
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
@@ -58,6 +59,9 @@ pub const ANNOTATION_SCHEDULED: &str = "etcd.database.coreos.com/backup-schedule
 pub const ANNOTATION_FILE: &str = "etcd.database.coreos.com/backup-file";
 /// Init container of the backup Pod that saves the snapshot (`etcdctl snapshot save`).
 pub const SAVE_CONTAINER: &str = "save";
+/// Annotation of a backup Pod that uploads its snapshot: the object's
+/// `s3://<bucket>/<object>`.
+pub const ANNOTATION_LOCATION: &str = "etcd.database.coreos.com/backup-location";
 /// Init container of the backup Pod that restores the saved snapshot into a scratch data
 /// directory (`etcdutl snapshot restore`).
 pub const RESTORE_CONTAINER: &str = "restore";
@@ -472,7 +476,7 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
             .iter()
             .map(|c| {
                 let mut kept = json!({"name": c["name"], "image": c["image"]});
-                for key in ["command", "args"] {
+                for key in ["command", "args", "env", "terminationMessagePolicy"] {
                     if let Some(value) = c.get(key) {
                         kept[key] = value.clone();
                     }
@@ -526,12 +530,16 @@ pub fn with_restore(
         .unwrap_or_default()
         .to_owned();
     let peer = cluster.peer_url(&name);
+    let file = match &restore.s3 {
+        Some(s3) => object_store::downloaded_file(s3),
+        None => restore.snapshot.clone(),
+    };
     let restore_container = json!({
-        "name": "restore",
+        "name": RESTORE_CONTAINER,
         "image": spec.image,
         "command": [
             "/usr/local/bin/etcdutl", "snapshot", "restore",
-            format!("{RESTORE_MOUNT}/{}", restore.snapshot),
+            format!("{RESTORE_MOUNT}/{file}"),
             format!("--data-dir={DATA_MOUNT}/data"),
             format!("--name={name}"),
             format!("--initial-cluster={name}={peer}"),
@@ -539,21 +547,56 @@ pub fn with_restore(
             // etcd derives member and cluster IDs from the peer URLs and this token: a token
             // of its own makes the restored cluster a new one, which no member of the old
             // cluster (same name, same URLs) can ever join or confuse with its own.
-            format!("--initial-cluster-token={}-from-{}", cluster.name, restore.snapshot.trim_end_matches(".db")),
+            format!("--initial-cluster-token={}-from-{}", cluster.name, file.trim_end_matches(".db")),
         ],
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_MOUNT},
             {"name": "restore", "mountPath": RESTORE_MOUNT, "readOnly": true},
         ],
     });
-    pod["spec"]["initContainers"] = json!([restore_container]);
+    let volume = match &restore.s3 {
+        // Downloaded first into scratch space, then restored from there like a claim's file.
+        Some(s3) => {
+            let image = s3
+                .image
+                .as_deref()
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .unwrap_or(DEFAULT_MC_IMAGE);
+            pod["spec"]["initContainers"] = json!([
+                object_store::download_container(s3, image),
+                restore_container
+            ]);
+            json!({"name": "restore", "emptyDir": {}})
+        }
+        None => {
+            pod["spec"]["initContainers"] = json!([restore_container]);
+            json!({
+                "name": "restore",
+                "persistentVolumeClaim": {"claimName": restore.claim_name, "readOnly": true},
+            })
+        }
+    };
     if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
-        volumes.push(json!({
-            "name": "restore",
-            "persistentVolumeClaim": {"claimName": restore.claim_name, "readOnly": true},
-        }));
+        volumes.push(volume);
     }
     pod
+}
+
+impl RestoreSpec {
+    /// Where the snapshot comes from, for Events: `snapshot <file> in claim <claim>` or
+    /// `object s3://<bucket>/<key> at <endpoint>`.
+    pub fn source(&self) -> String {
+        match &self.s3 {
+            Some(s3) => format!(
+                "object s3://{}/{} at {}",
+                s3.bucket,
+                s3.key.trim(),
+                s3.endpoint.trim()
+            ),
+            None => format!("snapshot {} in claim {}", self.snapshot, self.claim_name),
+        }
+    }
 }
 
 /// The claim that keeps the snapshots (only with `spec.backup`).
@@ -620,7 +663,9 @@ impl SnapshotCause {
 ///    `<file>.part` and renames it, so a slot is replaced whole or not at all.
 /// 2. init `restore`: `etcdutl snapshot restore` checks the snapshot's integrity hash and
 ///    restores it into a scratch `emptyDir`, as a new single-member cluster.
-/// 3. `verify`: a throwaway etcd serves that data on the pod IP, port `client`, so the plugin
+/// 3. init `upload`, only with `spec.backup.s3`: `mc cp` copies the slot file to the object
+///    store ([`object_store::with_upload`]), after the restore proved it whole.
+/// 4. `verify`: a throwaway etcd serves that data on the pod IP, port `client`, so the plugin
 ///    reads the snapshot's revision, size and KV hash through the same gateway it uses for
 ///    members. It is a cluster of its own (own name and token, peer URL on the pod's
 ///    loopback) and knows no member of the real one, so it can never join or reach it.
@@ -729,6 +774,10 @@ pub fn backup_pod(
             ],
         },
     });
+    let pod = match spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
+        Some(s3) => object_store::with_upload(pod, s3, file),
+        None => pod,
+    };
     match &spec.tls {
         Some(tls) => with_backup_tls(pod, tls),
         None => pod,
@@ -971,6 +1020,7 @@ mod tests {
         let restore = RestoreSpec {
             claim_name: "backup-old".into(),
             snapshot: "old-1.db".into(),
+            s3: None,
         };
         let restoring = with_restore(pod, &c, &s, &restore);
         assert_eq!(
@@ -985,6 +1035,81 @@ mod tests {
             restoring["spec"]["initContainers"]
         );
         assert_eq!(upgraded["spec"]["volumes"], restoring["spec"]["volumes"]);
+    }
+
+    #[test]
+    fn a_seed_restoring_from_s3_downloads_the_object_then_restores_it() {
+        let c = cluster();
+        let s = spec(false);
+        let pod = member_pod(
+            &c,
+            &s,
+            &MemberPod {
+                name: "ex-0".into(),
+                initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+                state: ClusterState::New,
+            },
+        );
+        let restore = RestoreSpec {
+            s3: Some(crate::spec::S3RestoreSpec {
+                endpoint: "https://s3.example.com".into(),
+                bucket: "etcd".into(),
+                key: "prod/old-1.db".into(),
+                credentials_secret: "s3-credentials".into(),
+                image: None,
+            }),
+            ..Default::default()
+        };
+        let restoring = with_restore(pod, &c, &s, &restore);
+        let init = &restoring["spec"]["initContainers"];
+        assert_eq!(init[0]["name"], "download");
+        assert_eq!(init[0]["image"], DEFAULT_MC_IMAGE);
+        assert_eq!(
+            init[0]["command"],
+            json!([
+                "mc",
+                "--config-dir",
+                "/restore/.mc",
+                "cp",
+                "s3/etcd/prod/old-1.db",
+                "/restore/old-1.db"
+            ])
+        );
+        assert_eq!(
+            init[0]["env"][2]["value"],
+            "https://$(S3_ACCESS_KEY_ID):$(S3_SECRET_ACCESS_KEY)@s3.example.com"
+        );
+        assert_eq!(
+            init[0]["env"][0]["valueFrom"]["secretKeyRef"],
+            json!({"name": "s3-credentials", "key": "accessKeyID"})
+        );
+        assert_eq!(init[1]["name"], "restore");
+        assert_eq!(init[1]["command"][3], "/restore/old-1.db");
+        assert!(
+            init[1]["command"]
+                .as_array()
+                .is_some_and(|c| c.contains(&json!("--initial-cluster-token=ex-from-old-1"))),
+            "{init}"
+        );
+        let volumes = restoring["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            volumes.contains(&json!({"name": "restore", "emptyDir": {}})),
+            "{volumes:?}"
+        );
+        // An upgrade re-applies the init containers as they are, credentials included.
+        let upgraded = with_image(&restoring, "repo:v3.6.17").expect("etcd container");
+        assert_eq!(
+            upgraded["spec"]["initContainers"],
+            restoring["spec"]["initContainers"]
+        );
+        assert_eq!(upgraded["spec"]["volumes"], restoring["spec"]["volumes"]);
+        assert_eq!(
+            restore.source(),
+            "object s3://etcd/prod/old-1.db at https://s3.example.com"
+        );
     }
 
     #[test]
@@ -1189,5 +1314,56 @@ mod tests {
             &SnapshotCause::OnDemand("now".into()),
         );
         assert!(!plain.to_string().contains("tls"), "{plain}");
+    }
+
+    #[test]
+    fn a_tls_cluster_s_upload_gets_the_store_s_credentials_not_the_operator_certificate() {
+        let c = ClusterRef {
+            tls: true,
+            ..cluster()
+        };
+        let mut s = spec(false);
+        s.tls = Some(tls());
+        s.backup = crate::spec::BackupSpec {
+            storage: StorageSpec {
+                size: Quantity("1Gi".into()),
+                storage_class_name: None,
+            },
+            s3: Some(crate::spec::S3BackupSpec {
+                endpoint: "https://s3.example.com".into(),
+                bucket: "etcd".into(),
+                credentials_secret: "s3-credentials".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .validate()
+        .ok();
+        let pod = backup_pod(
+            &c,
+            &s,
+            "ex-0",
+            "ex-1.db",
+            &SnapshotCause::OnDemand("now".into()),
+        );
+        let init = pod["spec"]["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["save", "restore", "upload"]);
+        let upload = init[2].to_string();
+        assert!(
+            !upload.contains("ETCDCTL") && !upload.contains("operator-tls"),
+            "{upload}"
+        );
+        assert!(upload.contains("s3/etcd/ex-1.db"), "{upload}");
+        // The etcd steps keep their TLS.
+        assert!(init[0].to_string().contains("operator-tls"), "{}", init[0]);
+        assert!(
+            pod["spec"]["containers"][0]["args"]
+                .to_string()
+                .contains("--client-cert-auth=true")
+        );
     }
 }

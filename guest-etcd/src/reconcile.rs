@@ -449,6 +449,7 @@ impl<'a> Step<'a> {
                         .map(|snapshot| RestoreSpec {
                             claim_name: self.cluster.backup_claim_name(),
                             snapshot: snapshot.clone(),
+                            s3: None,
                         })
                 });
                 if let Some(restore) = &restore
@@ -463,10 +464,7 @@ impl<'a> Step<'a> {
                     self.event(
                         EventType::Normal,
                         "Restoring",
-                        format!(
-                            "seed member {seed} starts from snapshot {} in claim {}",
-                            restore.snapshot, restore.claim_name
-                        ),
+                        format!("seed member {seed} starts from {}", restore.source()),
                     );
                 }
                 self.progressing("Bootstrapping", format!("starting seed member {seed}"));

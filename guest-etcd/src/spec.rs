@@ -20,6 +20,10 @@ pub const DEFAULT_REPOSITORY: &str = "gcr.io/etcd-development/etcd";
 /// etcd version used when `spec.version` is not set.
 pub const DEFAULT_VERSION: &str = "3.6.16";
 
+/// Image running `mc` (the MinIO client, which speaks to any S3-compatible store) for
+/// uploads and downloads when `image` is not set.
+pub const DEFAULT_MC_IMAGE: &str = "minio/mc:RELEASE.2025-03-12T17-29-24Z";
+
 /// Largest cluster size accepted: etcd recommends at most 7 voting members, and every voter
 /// slows down writes (each one is in the quorum path).
 pub const MAX_SIZE: i64 = 9;
@@ -167,16 +171,66 @@ pub struct BackupSpec {
     /// snapshot are lost. Off by default: the loss is then only reported.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restore_on_quorum_loss: bool,
+    /// Also upload each verified snapshot to an S3-compatible object store, as
+    /// `<prefix><cluster>-<slot>.db`: the objects rotate with the slot files, so the bucket
+    /// keeps the same `keep` snapshots as the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3BackupSpec>,
 }
 
-/// A snapshot to restore a new cluster from.
+/// The S3-compatible bucket that receives a copy of every verified snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3BackupSpec {
+    /// The store's URL, `http://` or `https://` and a host (and port), e.g.
+    /// `http://minio.backup.svc:9000` or `https://s3.eu-west-1.amazonaws.com`.
+    pub endpoint: String,
+    /// The bucket; it must exist.
+    pub bucket: String,
+    /// Prepended to each object name, e.g. `etcd/prod/` (a missing trailing `/` is added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`. `mc`
+    /// reads them from `MC_HOST_s3=<scheme>://<id>:<secret>@<host>` as written, so neither may
+    /// contain `:` (`/`, `+` and `@` are fine).
+    pub credentials_secret: String,
+    /// The image running `mc` for the upload; defaults to a pinned `minio/mc` release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// One object in an S3-compatible store, to restore a new cluster from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3RestoreSpec {
+    /// The store's URL, `http://` or `https://` and a host (and port).
+    pub endpoint: String,
+    /// The bucket holding the snapshot.
+    pub bucket: String,
+    /// The object's name, e.g. `etcd/prod/example-0.db` (the prefix and the file of
+    /// `status.backup.snapshots[].location`).
+    pub key: String,
+    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`.
+    pub credentials_secret: String,
+    /// The image running `mc` for the download; defaults to a pinned `minio/mc` release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// A snapshot to restore a new cluster from: a file in a claim (`claimName` and `snapshot`),
+/// or an object in an S3-compatible store (`s3`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreSpec {
     /// The claim holding the snapshot, e.g. `backup-<other cluster>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub claim_name: String,
     /// The snapshot file in that claim, as `status.backup.snapshots[].file` names it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub snapshot: String,
+    /// The snapshot as an object in an S3-compatible store, instead of a claim's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3RestoreSpec>,
 }
 
 /// Settings for the member pods.
@@ -378,6 +432,10 @@ pub struct SnapshotStatus {
     /// checked against the snapshot.
     #[serde(rename = "hashKV")]
     pub hash_kv: u32,
+    /// Where the snapshot was uploaded, `s3://<bucket>/<prefix><file>`, with
+    /// `spec.backup.s3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
 }
 
 /// Lifecycle phase of the cluster.
@@ -450,6 +508,23 @@ pub struct ValidBackup {
     pub keep: usize,
     /// Restore the last snapshot when quorum is lost for good.
     pub restore_on_quorum_loss: bool,
+    /// The object store each verified snapshot is uploaded to, if any.
+    pub s3: Option<ValidS3>,
+}
+
+/// A validated `spec.backup.s3`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidS3 {
+    /// `http://host:port` or `https://host:port`, without a trailing `/`.
+    pub endpoint: String,
+    /// The bucket.
+    pub bucket: String,
+    /// Empty, or ending in `/`.
+    pub prefix: String,
+    /// The Secret with `accessKeyID` and `secretAccessKey`.
+    pub credentials_secret: String,
+    /// The image running `mc`.
+    pub image: String,
 }
 
 /// An etcd version `major.minor.patch` (pre-release suffixes are kept for the image tag).
@@ -540,15 +615,8 @@ impl EtcdClusterSpec {
             return Err("spec.storage.size is empty: set it, e.g. 1Gi".to_owned());
         }
         let backup = self.backup.as_ref().map(BackupSpec::validate).transpose()?;
-        if let Some(restore) = &self.restore
-            && (restore.claim_name.trim().is_empty()
-                || restore.snapshot.trim().is_empty()
-                || restore.snapshot.contains('/'))
-        {
-            return Err(
-                "spec.restore needs claimName and snapshot (a file name in that claim, as status.backup.lastSnapshot names it)"
-                    .to_owned(),
-            );
+        if let Some(restore) = &self.restore {
+            validate_restore(restore)?;
         }
         if let Some(tls) = &self.tls {
             for (field, secret) in [
@@ -631,7 +699,126 @@ impl BackupSpec {
             every_seconds,
             keep,
             restore_on_quorum_loss: self.restore_on_quorum_loss,
+            s3: self.s3.as_ref().map(S3BackupSpec::validate).transpose()?,
         })
+    }
+}
+
+impl S3BackupSpec {
+    /// Checks `spec.backup.s3`; on failure the message says what to fix.
+    pub fn validate(&self) -> Result<ValidS3, String> {
+        let field = "spec.backup.s3";
+        let prefix = self.prefix.as_deref().unwrap_or_default().trim();
+        let prefix = prefix.trim_start_matches('/');
+        if prefix.contains(char::is_whitespace) || prefix.contains("//") {
+            return Err(format!(
+                "{field}.prefix {prefix:?} is not an object name prefix: use e.g. etcd/prod/ (no spaces, no empty path segment)"
+            ));
+        }
+        let prefix = if prefix.is_empty() || prefix.ends_with('/') {
+            prefix.to_owned()
+        } else {
+            format!("{prefix}/")
+        };
+        Ok(ValidS3 {
+            endpoint: valid_endpoint(field, &self.endpoint)?,
+            bucket: valid_bucket(field, &self.bucket)?,
+            prefix,
+            credentials_secret: valid_credentials(field, &self.credentials_secret)?,
+            image: valid_mc_image(field, self.image.as_deref())?,
+        })
+    }
+}
+
+/// `spec.restore`: either a claim's file or an S3 object, each complete.
+fn validate_restore(restore: &RestoreSpec) -> Result<(), String> {
+    let from_claim = !restore.claim_name.trim().is_empty() || !restore.snapshot.trim().is_empty();
+    match &restore.s3 {
+        Some(_) if from_claim => Err(
+            "spec.restore names both a claim (claimName, snapshot) and an s3 object: keep one of them"
+                .to_owned(),
+        ),
+        Some(s3) => {
+            let field = "spec.restore.s3";
+            valid_endpoint(field, &s3.endpoint)?;
+            valid_bucket(field, &s3.bucket)?;
+            valid_credentials(field, &s3.credentials_secret)?;
+            valid_mc_image(field, s3.image.as_deref())?;
+            let key = s3.key.trim();
+            if key.is_empty()
+                || key.ends_with('/')
+                || key.starts_with('/')
+                || key.contains(char::is_whitespace)
+            {
+                return Err(format!(
+                    "{field}.key {:?} is not an object name: use the object of a snapshot, e.g. etcd/prod/example-0.db (status.backup.snapshots[].location without s3://<bucket>/)",
+                    s3.key
+                ));
+            }
+            Ok(())
+        }
+        None if restore.claim_name.trim().is_empty()
+            || restore.snapshot.trim().is_empty()
+            || restore.snapshot.contains('/') =>
+        {
+            Err(
+                "spec.restore needs either claimName and snapshot (a file name in that claim, as status.backup.lastSnapshot names it), or s3 (endpoint, bucket, key, credentialsSecret)"
+                    .to_owned(),
+            )
+        }
+        None => Ok(()),
+    }
+}
+
+/// `http(s)://host[:port]`, without a trailing `/`.
+fn valid_endpoint(field: &str, endpoint: &str) -> Result<String, String> {
+    let endpoint = endpoint.trim().trim_end_matches('/');
+    let host = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"));
+    match host {
+        Some(host)
+            if !host.is_empty()
+                && !host.contains(['/', '@', '?', '#'])
+                && !host.contains(char::is_whitespace) =>
+        {
+            Ok(endpoint.to_owned())
+        }
+        _ => Err(format!(
+            "{field}.endpoint {endpoint:?} is not an S3 endpoint: use http:// or https:// and a host (and port), e.g. http://minio.backup.svc:9000"
+        )),
+    }
+}
+
+/// S3 bucket names: 3 to 63 lower-case letters, digits, `.` and `-`, starting and ending
+/// with a letter or digit (AWS "Bucket naming rules").
+fn valid_bucket(field: &str, bucket: &str) -> Result<String, String> {
+    if (3..=63).contains(&bucket.len()) && is_dns_subdomain(bucket) {
+        Ok(bucket.to_owned())
+    } else {
+        Err(format!(
+            "{field}.bucket {bucket:?} is not a bucket name: use 3 to 63 lower-case letters, digits, '.' and '-'"
+        ))
+    }
+}
+
+fn valid_credentials(field: &str, secret: &str) -> Result<String, String> {
+    if is_dns_subdomain(secret) {
+        Ok(secret.to_owned())
+    } else {
+        Err(format!(
+            "{field}.credentialsSecret {secret:?} is not a Secret name: name a Secret in this namespace with accessKeyID and secretAccessKey"
+        ))
+    }
+}
+
+fn valid_mc_image(field: &str, image: Option<&str>) -> Result<String, String> {
+    match image.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_MC_IMAGE.to_owned()),
+        Some(image) if !image.contains(char::is_whitespace) => Ok(image.to_owned()),
+        Some(image) => Err(format!(
+            "{field}.image {image:?} is not an image: use e.g. {DEFAULT_MC_IMAGE}"
+        )),
     }
 }
 
@@ -755,12 +942,108 @@ mod tests {
                 Err("spec.tls.peerSecret \"Peer_Certs\""),
             ),
         ];
+        let s3_backup = |s3: serde_json::Value| -> EtcdClusterSpec {
+            serde_json::from_value(serde_json::json!({
+                "size": 3,
+                "backup": {"storage": {"size": "1Gi"}, "s3": s3},
+            }))
+            .expect("parses")
+        };
+        let s3_restore = |restore: serde_json::Value| -> EtcdClusterSpec {
+            serde_json::from_value(serde_json::json!({"size": 1, "restore": restore}))
+                .expect("parses")
+        };
+        let object = serde_json::json!({"endpoint": "https://s3.example.com", "bucket": "etcd",
+            "key": "prod/ex-0.db", "credentialsSecret": "s3-credentials"});
+        let cases = cases.into_iter().chain([
+            (
+                "backup to s3",
+                s3_backup(serde_json::json!({"endpoint": "http://minio.backup.svc:9000",
+                    "bucket": "etcd-snapshots", "credentialsSecret": "s3-credentials"})),
+                Ok("gcr.io/etcd-development/etcd:v3.6.16"),
+            ),
+            (
+                "backup to s3 without a scheme",
+                s3_backup(serde_json::json!({"endpoint": "minio:9000",
+                    "bucket": "etcd-snapshots", "credentialsSecret": "s3-credentials"})),
+                Err("spec.backup.s3.endpoint \"minio:9000\" is not an S3 endpoint: use http:// or https://"),
+            ),
+            (
+                "backup to s3 with a bucket name that is not one",
+                s3_backup(serde_json::json!({"endpoint": "http://minio:9000",
+                    "bucket": "Etcd_Snapshots", "credentialsSecret": "s3-credentials"})),
+                Err("spec.backup.s3.bucket \"Etcd_Snapshots\" is not a bucket name"),
+            ),
+            (
+                "backup to s3 without a credentials Secret",
+                s3_backup(serde_json::json!({"endpoint": "http://minio:9000",
+                    "bucket": "etcd", "credentialsSecret": ""})),
+                Err("spec.backup.s3.credentialsSecret \"\" is not a Secret name: name a Secret in this namespace with accessKeyID and secretAccessKey"),
+            ),
+            (
+                "backup to s3 with a prefix that has an empty segment",
+                s3_backup(serde_json::json!({"endpoint": "http://minio:9000",
+                    "bucket": "etcd", "credentialsSecret": "c", "prefix": "a//b"})),
+                Err("spec.backup.s3.prefix \"a//b\""),
+            ),
+            (
+                "restore from s3",
+                s3_restore(serde_json::json!({"s3": object.clone()})),
+                Ok("gcr.io/etcd-development/etcd:v3.6.16"),
+            ),
+            (
+                "restore from nothing",
+                s3_restore(serde_json::json!({})),
+                Err("spec.restore needs either claimName and snapshot (a file name in that claim, as status.backup.lastSnapshot names it), or s3"),
+            ),
+            (
+                "restore from both a claim and s3",
+                s3_restore(serde_json::json!({"claimName": "backup-old", "snapshot": "old-0.db",
+                    "s3": object.clone()})),
+                Err("names both a claim (claimName, snapshot) and an s3 object: keep one"),
+            ),
+            (
+                "restore from an s3 prefix rather than an object",
+                s3_restore(serde_json::json!({"s3": {"endpoint": "https://s3.example.com",
+                    "bucket": "etcd", "key": "prod/", "credentialsSecret": "c"}})),
+                Err("spec.restore.s3.key \"prod/\" is not an object name"),
+            ),
+            (
+                "restore from s3 without a bucket",
+                s3_restore(serde_json::json!({"s3": {"endpoint": "https://s3.example.com",
+                    "bucket": "", "key": "k.db", "credentialsSecret": "c"}})),
+                Err("spec.restore.s3.bucket \"\" is not a bucket name"),
+            ),
+        ]);
         for (name, spec, want) in cases {
             match (spec.validate(), want) {
                 (Ok(valid), Ok(image)) => assert_eq!(valid.image, image, "{name}"),
                 (Err(msg), Err(part)) => assert!(msg.contains(part), "{name}: {msg}"),
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn s3_prefixes_end_in_a_slash_once() {
+        for (prefix, want) in [
+            (None, ""),
+            (Some("prod"), "prod/"),
+            (Some("/etcd/prod/"), "etcd/prod/"),
+            (Some("  "), ""),
+        ] {
+            let s3 = S3BackupSpec {
+                endpoint: "http://minio:9000/".into(),
+                bucket: "etcd".into(),
+                prefix: prefix.map(str::to_owned),
+                credentials_secret: "c".into(),
+                image: None,
+            }
+            .validate()
+            .expect("valid");
+            assert_eq!(s3.prefix, want, "{prefix:?}");
+            assert_eq!(s3.endpoint, "http://minio:9000");
+            assert_eq!(s3.image, DEFAULT_MC_IMAGE);
         }
     }
 

@@ -1,5 +1,7 @@
 //! Locating the kube-apiserver, kube-controller-manager, etcd and redis binaries, building (or
 //! installing) them once per process with `tests/env/build-binaries.sh` when they are missing.
+//! MinIO and `mc` (family `s3`) are built separately, only when a test asks for them
+//! ([`Binaries::ensure_s3`]): most tests do not need them, and they take ~10 minutes cold.
 //!
 //! Versions come from `tests/env/versions.env`; the cache is
 //! `${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}/bin`. `KUBEBUILDER_ASSETS`, when set to a
@@ -18,12 +20,16 @@ pub struct Binaries {
     kubernetes_version: String,
     etcd_versions: Vec<String>,
     redis_series: String,
+    minio_version: String,
+    mc_version: String,
     cache_bin: PathBuf,
     assets: Option<PathBuf>,
 }
 
 /// The outcome of the one build attempt of this process (errors are kept as text to be shareable).
 static ENSURED: OnceLock<Result<Binaries, String>> = OnceLock::new();
+/// The outcome of the one `s3` build attempt of this process.
+static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
 
 impl Binaries {
     /// Finds the binaries, building the missing ones with `tests/env/build-binaries.sh` (its
@@ -42,24 +48,7 @@ impl Binaries {
         if binaries.missing().is_empty() {
             return Ok(binaries);
         }
-        let script = env_dir().join("build-binaries.sh");
-        eprintln!(
-            "policy-host-testenv: missing {}; running {} (progress below)",
-            binaries.missing().join(", "),
-            script.display()
-        );
-        // Both streams go to our stderr, so `cargo test` shows the progress of a cold build.
-        let status = Command::new("bash")
-            .arg(&script)
-            .stdout(std::io::stderr())
-            .stderr(Stdio::inherit())
-            .status()
-            .map_err(Error::io(format!("running {}", script.display())))?;
-        if !status.success() {
-            return Err(Error::Build {
-                reason: format!("{} exited with {status}", script.display()),
-            });
-        }
+        run_build_script(None, &binaries.missing())?;
         match binaries.missing().first() {
             None => Ok(binaries),
             Some(missing) => Err(Error::MissingBinary {
@@ -67,6 +56,59 @@ impl Binaries {
                 path: binaries.cache_bin.clone(),
             }),
         }
+    }
+
+    /// Makes sure `minio` and `mc` are built, running `build-binaries.sh s3` when they are
+    /// missing (at most once per process; cold, about 10 minutes on 2 cores). Blocking: from
+    /// async code, call it through `tokio::task::spawn_blocking`.
+    pub fn ensure_s3(&self) -> Result<()> {
+        ENSURED_S3
+            .get_or_init(|| {
+                let missing = self.s3_missing();
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                run_build_script(Some("s3"), &missing).map_err(|e| e.to_string())?;
+                match self.s3_missing().first() {
+                    None => Ok(()),
+                    Some(missing) => Err(format!(
+                        "{missing} is still missing after tests/env/build-binaries.sh s3"
+                    )),
+                }
+            })
+            .clone()
+            .map_err(|reason| Error::Build { reason })
+    }
+
+    fn s3_missing(&self) -> Vec<String> {
+        [self.minio(), self.mc_path()]
+            .into_iter()
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect()
+    }
+
+    /// Path of the MinIO server of versions.env (built by [`Binaries::ensure_s3`]).
+    pub fn minio(&self) -> PathBuf {
+        self.cache_bin
+            .join(format!("minio-{}", self.minio_version))
+            .join("minio")
+    }
+
+    fn mc_path(&self) -> PathBuf {
+        self.cache_bin
+            .join(format!("mc-{}", self.mc_version))
+            .join("mc")
+    }
+
+    /// Path of the MinIO client `mc` of versions.env, if built.
+    pub fn mc(&self) -> Option<PathBuf> {
+        Some(self.mc_path()).filter(|path| path.is_file())
+    }
+
+    /// The `mc` version of versions.env (a Go pseudo-version), for messages.
+    pub fn mc_version(&self) -> &str {
+        &self.mc_version
     }
 
     /// Reads the versions and the environment without checking or building anything.
@@ -98,6 +140,8 @@ impl Binaries {
             });
         }
         let redis_series = var("REDIS_SERIES")?;
+        let minio_version = var("MINIO_VERSION")?;
+        let mc_version = var("MC_VERSION")?;
         let cache = match std::env::var_os("POLICY_HOST_CACHE") {
             Some(dir) => PathBuf::from(dir),
             None => std::env::var_os("HOME")
@@ -112,6 +156,8 @@ impl Binaries {
             kubernetes_version,
             etcd_versions,
             redis_series,
+            minio_version,
+            mc_version,
             cache_bin: cache.join("bin"),
             assets,
         })
@@ -234,6 +280,32 @@ impl Binaries {
     pub fn default_etcd_version(&self) -> &str {
         // `locate` refuses an empty list.
         self.etcd_versions.first().map_or("v3.6.16", String::as_str)
+    }
+}
+
+/// Runs `build-binaries.sh [family]` because `missing` are, with its progress on our stderr
+/// (both streams, so `cargo test` shows a cold build making progress).
+fn run_build_script(family: Option<&str>, missing: &[String]) -> Result<()> {
+    let script = env_dir().join("build-binaries.sh");
+    eprintln!(
+        "policy-host-testenv: missing {}; running {} {} (progress below)",
+        missing.join(", "),
+        script.display(),
+        family.unwrap_or_default()
+    );
+    let status = Command::new("bash")
+        .arg(&script)
+        .args(family)
+        .stdout(std::io::stderr())
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(Error::io(format!("running {}", script.display())))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::Build {
+            reason: format!("{} exited with {status}", script.display()),
+        })
     }
 }
 

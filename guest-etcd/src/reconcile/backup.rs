@@ -4,7 +4,8 @@
 //! One backup Pod at a time (its name is fixed). Each snapshot is saved, restored and served
 //! by a throwaway etcd in that Pod ([`children::backup_pod`]); the plugin asks that etcd for
 //! the snapshot's revision, size and KV hash, and only then lists it as kept. A snapshot that
-//! fails to save, restore or serve is reported as `Failed` with a Warning Event.
+//! fails to save, restore, upload (with `spec.backup.s3`) or serve is reported as `Failed`
+//! with a Warning Event.
 //!
 //! The Pod is deleted only once a status recording its result is observed: deleted earlier,
 //! a reconcile that still sees the previous status would take the snapshot again.
@@ -15,12 +16,14 @@ use serde_json::Value;
 
 use super::Step;
 use crate::children::{
-    self, ANNOTATION_FILE, RESTORE_CONTAINER, SAVE_CONTAINER, SnapshotCause, VERIFY_CONTAINER,
+    self, ANNOTATION_FILE, ANNOTATION_LOCATION, RESTORE_CONTAINER, SAVE_CONTAINER, SnapshotCause,
+    VERIFY_CONTAINER,
 };
 use crate::etcd_api::EtcdApi;
+use crate::object_store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, UPLOAD_CONTAINER};
 use crate::protocol::{Action, EventType, Timestamp};
 use crate::schedule::{due_time_to_record, next_due, parse_rfc3339};
-use crate::spec::{BackupStatus, SnapshotStatus, ValidBackup};
+use crate::spec::{BackupStatus, SnapshotStatus, ValidBackup, ValidS3};
 
 /// A backup Pod with no result this long after it was created has failed: it never
 /// scheduled, its claim never bound, or a step hangs. Generous, because saving and restoring
@@ -72,7 +75,18 @@ fn exit_summary(state: &Value) -> String {
     }
 }
 
-fn progress(pod: &ObservedPod) -> Progress {
+/// What to check when the upload to `s3` fails: the three things it depends on.
+fn upload_hint(s3: Option<&ValidS3>) -> String {
+    match s3 {
+        Some(s3) => format!(
+            "check that {} is reachable from the pod, that Secret {} has {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY} allowed to write, and that bucket {} exists",
+            s3.endpoint, s3.credentials_secret, s3.bucket
+        ),
+        None => "check spec.backup.s3's endpoint, credentials Secret and bucket".to_owned(),
+    }
+}
+
+fn progress(pod: &ObservedPod, s3: Option<&ValidS3>) -> Progress {
     let init = |container| terminated(pod, "initContainerStatuses", container);
     let saved = init(SAVE_CONTAINER).is_some_and(|s| s["exitCode"] == 0);
     if let Some(save) = init(SAVE_CONTAINER).filter(|_| !saved) {
@@ -86,6 +100,37 @@ fn progress(pod: &ObservedPod) -> Progress {
             why: format!(
                 "the saved snapshot does not restore: etcdutl snapshot restore failed ({})",
                 exit_summary(restore)
+            ),
+            overwritten: true,
+        };
+    }
+    let destination = pod
+        .annotation(ANNOTATION_LOCATION)
+        .unwrap_or("the object store");
+    if let Some(upload) = init(UPLOAD_CONTAINER).filter(|s| s["exitCode"] != 0) {
+        return Progress::Failed {
+            why: format!(
+                "uploading it to {destination} failed: mc cp {}; {}",
+                exit_summary(upload),
+                upload_hint(s3)
+            ),
+            overwritten: true,
+        };
+    }
+    // A missing Secret or key: kubelet would retry until the deadline, but nothing changes
+    // until someone creates it, so it is reported now.
+    let upload_waiting = pod.object["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|list| list.iter().find(|s| s["name"] == UPLOAD_CONTAINER))
+        .and_then(|s| s["state"].get("waiting"));
+    if let Some(waiting) = upload_waiting.filter(|w| w["reason"] == "CreateContainerConfigError") {
+        return Progress::Failed {
+            why: format!(
+                "the upload to {destination} cannot start ({}); {}",
+                waiting["message"]
+                    .as_str()
+                    .unwrap_or("CreateContainerConfigError"),
+                upload_hint(s3)
             ),
             overwritten: true,
         };
@@ -265,7 +310,7 @@ impl Step<'_> {
             // snapshot is taken again (its trigger or due time is still not recorded).
             return;
         }
-        let failed = match progress(pod) {
+        let failed = match progress(pod, backup.s3.as_ref()) {
             Progress::Serving => match self.read_snapshot(etcd, pod, &file, &cause) {
                 Ok(snapshot) => {
                     self.record_success(status, backup, &cause, snapshot);
@@ -291,7 +336,7 @@ impl Step<'_> {
                 }
                 (
                     format!(
-                        "pod {} had no result {} minutes after it was created (phase {}); check that claim {} binds and the image {} can be pulled",
+                        "pod {} had no result {} minutes after it was created (phase {}); check that claim {} binds and the image {}{} can be pulled",
                         pod.name,
                         BACKUP_DEADLINE_SECONDS / 60,
                         if pod.phase.is_empty() {
@@ -300,7 +345,12 @@ impl Step<'_> {
                             &pod.phase
                         },
                         self.cluster.backup_claim_name(),
-                        self.spec.image
+                        self.spec.image,
+                        backup
+                            .s3
+                            .as_ref()
+                            .map(|s3| format!(" (and {})", s3.image))
+                            .unwrap_or_default()
                     ),
                     terminated(pod, "initContainerStatuses", SAVE_CONTAINER)
                         .is_some_and(|s| s["exitCode"] == 0),
@@ -334,6 +384,8 @@ impl Step<'_> {
             revision: served.revision,
             size: served.db_size,
             hash_kv: hash.hash,
+            // Set only on a Pod that uploaded: the upload step ran before etcd served.
+            location: pod.annotation(ANNOTATION_LOCATION).map(str::to_owned),
         })
     }
 
@@ -344,11 +396,16 @@ impl Step<'_> {
         cause: &SnapshotCause,
         snapshot: SnapshotStatus,
     ) {
+        let uploaded = snapshot
+            .location
+            .as_ref()
+            .map(|at| format!(", uploaded to {at}"))
+            .unwrap_or_default();
         self.event(
             EventType::Normal,
             "BackupSucceeded",
             format!(
-                "snapshot {} saved in claim {} and verified (restored and served by etcd): revision {}, {} bytes, hashKV {}",
+                "snapshot {} saved in claim {} and verified (restored and served by etcd){uploaded}: revision {}, {} bytes, hashKV {}",
                 snapshot.file,
                 self.cluster.backup_claim_name(),
                 snapshot.revision,

@@ -1337,6 +1337,57 @@ fn rows() -> Vec<Row> {
             },
         },
         Row {
+            name: "restore from s3: the seed member downloads the object, then restores it",
+            observation: observation(
+                json!({"size": 3, "version": "3.6.16", "restore": {"s3": {
+                    "endpoint": "http://minio.backup.svc:9000", "bucket": "etcd-snapshots",
+                    "key": "prod/old-1.db", "credentialsSecret": "s3-credentials"}}}),
+                None,
+                vec![],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &["Pod/ex-0"],
+            deleted: &[],
+            events: &["Normal/ClusterCreated", "Normal/Restoring"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let pod = d
+                    .actions
+                    .iter()
+                    .find_map(|a| match a {
+                        Action::Apply(o) if o["metadata"]["name"] == "ex-0" => Some(o.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                let init = &pod["spec"]["initContainers"];
+                assert_eq!(init[0]["name"], "download", "{init}");
+                assert_eq!(init[0]["command"][4], "s3/etcd-snapshots/prod/old-1.db");
+                assert_eq!(init[1]["command"][3], "/restore/old-1.db", "{init}");
+                assert_eq!(
+                    pod["spec"]["volumes"][1],
+                    json!({"name": "restore", "emptyDir": {}})
+                );
+                let restoring = d
+                    .actions
+                    .iter()
+                    .find_map(|a| match a {
+                        Action::RecordEvent(e) if e.reason == "Restoring" => {
+                            Some(e.message.clone())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                assert!(
+                    restoring.contains(
+                        "object s3://etcd-snapshots/prod/old-1.db at http://minio.backup.svc:9000"
+                    ),
+                    "{restoring}"
+                );
+            },
+        },
+        Row {
             name: "a majority of voters lost with emptyDir and no restore policy: QuorumLost reported, nothing touched",
             observation: observation(
                 spec(3),

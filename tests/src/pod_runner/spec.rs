@@ -18,6 +18,9 @@ pub(crate) enum Image {
     /// A redis image of the installed series: `redis-server` and `redis-cli` are taken from
     /// this directory.
     Redis(PathBuf),
+    /// A `minio/mc` image: `mc` is taken from this directory (the version of versions.env,
+    /// whatever the tag).
+    Mc(PathBuf),
     /// Any other image: programs are the machine's own.
     Host,
 }
@@ -32,7 +35,7 @@ pub(crate) struct NotStartable {
 /// Maps an image reference to local programs. `etcd`, `*/etcd` with a tag `v3.x.y` or `3.x.y`
 /// (an `-N` suffix, as in registry.k8s.io/etcd:3.5.21-0, is ignored) are the cached etcd builds;
 /// `redis`, `*/redis` with a tag of the installed series (`7.0.15`, `7.0`; a `-suffix` such as
-/// `-alpine` is ignored) is the installed redis-server.
+/// `-alpine` is ignored) is the installed redis-server; `minio/mc` (any tag) is the built `mc`.
 pub(crate) fn resolve_image(image: &str, binaries: &Binaries) -> Result<Image, NotStartable> {
     let without_digest = image.split('@').next().unwrap_or(image);
     let (repository, tag) = match without_digest.rsplit_once(':') {
@@ -50,6 +53,18 @@ pub(crate) fn resolve_image(image: &str, binaries: &Binaries) -> Result<Image, N
                     binaries
                         .redis_version()
                         .unwrap_or_else(|| "none".to_owned())
+                ),
+            }),
+        };
+    }
+    if repository == "minio/mc" || repository.ends_with("/minio/mc") {
+        return match binaries.mc() {
+            Some(mc) => Ok(Image::Mc(mc.parent().map(Path::to_path_buf).unwrap_or(mc))),
+            None => Err(NotStartable {
+                reason: "ErrImagePull",
+                message: format!(
+                    "mc {} (for image {image}) is not built here; run tests/env/build-binaries.sh s3 (or a test that needs it, which builds it)",
+                    binaries.mc_version()
                 ),
             }),
         };
@@ -265,7 +280,7 @@ pub(crate) async fn environment(
 pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String)> {
     match image {
         Image::Etcd(_) => vec![("ETCDCTL_ENDPOINTS".to_owned(), format!("http://{ip}:2379"))],
-        Image::Redis(_) | Image::Host => Vec::new(),
+        Image::Redis(_) | Image::Mc(_) | Image::Host => Vec::new(),
     }
 }
 
@@ -273,7 +288,9 @@ pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String
 pub(crate) fn path_var(image: &Image) -> String {
     let system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     match image {
-        Image::Etcd(dir) | Image::Redis(dir) => format!("{}:{system}", dir.display()),
+        Image::Etcd(dir) | Image::Redis(dir) | Image::Mc(dir) => {
+            format!("{}:{system}", dir.display())
+        }
         Image::Host => system.to_owned(),
     }
 }
@@ -292,6 +309,8 @@ pub(crate) fn argv(
             Image::Etcd(_) => argv.push("etcd".into()),
             // The redis images' entrypoint runs redis-server.
             Image::Redis(_) => argv.push("redis-server".into()),
+            // The minio/mc images' entrypoint.
+            Image::Mc(_) => argv.push("mc".into()),
             Image::Host => {
                 return Err(NotStartable {
                     reason: "CreateContainerConfigError",
@@ -315,7 +334,9 @@ pub(crate) fn argv(
 /// Replaces `argv[0]` by the image's program of the same basename (`/usr/local/bin/etcd` → the
 /// cached etcd), if the image has one.
 pub(crate) fn resolve_program(argv: &mut [String], image: &Image) {
-    if let (Image::Etcd(dir) | Image::Redis(dir), Some(program)) = (image, argv.first_mut()) {
+    if let (Image::Etcd(dir) | Image::Redis(dir) | Image::Mc(dir), Some(program)) =
+        (image, argv.first_mut())
+    {
         let base = Path::new(program.as_str())
             .file_name()
             .map(|b| b.to_string_lossy().into_owned())

@@ -3,7 +3,9 @@
 //! goes only once the status recording it is observed.
 
 use super::*;
-use crate::children::{ANNOTATION_FILE, ANNOTATION_SCHEDULED, ANNOTATION_TRIGGER, SnapshotCause};
+use crate::children::{
+    ANNOTATION_FILE, ANNOTATION_LOCATION, ANNOTATION_SCHEDULED, ANNOTATION_TRIGGER, SnapshotCause,
+};
 
 const MEMBERS: [&str; 3] = ["ex-0", "ex-1", "ex-2"];
 
@@ -45,23 +47,40 @@ enum Stage {
     RestoreFailed,
     Serving,
     VerifyExited,
+    /// Saved and restored; `mc cp` exited 1.
+    UploadFailed,
+    /// Saved and restored; the upload cannot start: its Secret is missing.
+    UploadUnstartable,
 }
 
 /// The backup Pod as the plugin builds it for `cause` into `file`, at `stage`, created 10 s
 /// before `NOW` (Ready, when serving, 5 s before).
 fn backup_pod(cause: SnapshotCause, file: &str, stage: Stage) -> Child {
+    backup_pod_of(json!({"size": 3, "version": "3.6.16"}), cause, file, stage)
+}
+
+/// `spec.backup.s3` of the S3 rows.
+fn s3() -> Value {
+    json!({"endpoint": "http://minio.backup.svc:9000", "bucket": "etcd-snapshots",
+           "prefix": "prod", "credentialsSecret": "s3-credentials"})
+}
+
+/// The backup Pod of a spec with `backup.s3` ([`s3`]).
+fn s3_backup_pod(cause: SnapshotCause, file: &str, stage: Stage) -> Child {
+    backup_pod_of(backup_spec(json!({"s3": s3()})), cause, file, stage)
+}
+
+/// The backup Pod the plugin builds from `spec` for `cause` into `file`, at `stage`.
+fn backup_pod_of(spec: Value, cause: SnapshotCause, file: &str, stage: Stage) -> Child {
     let cluster = ClusterRef {
         name: "ex".into(),
         namespace: "ns".into(),
         tls: false,
     };
-    let spec = EtcdClusterSpec {
-        size: 3,
-        version: "3.6.16".into(),
-        ..Default::default()
-    }
-    .validate()
-    .expect("valid");
+    let spec = serde_json::from_value::<EtcdClusterSpec>(spec)
+        .expect("parses")
+        .validate()
+        .expect("valid");
     let mut object = children::backup_pod(&cluster, &spec, "ex-0", file, &cause);
     object["metadata"]["creationTimestamp"] = json!("2024-05-01T11:59:50Z");
     let exited = |name: &str, code: i64, message: &str| {
@@ -85,6 +104,15 @@ fn backup_pod(cause: SnapshotCause, file: &str, stage: Stage) -> Child {
             "initContainerStatuses": [saved, restored],
             "containerStatuses": [{"name": "verify", "ready": true, "state": {"running": {}}}],
         }),
+        Stage::UploadFailed => json!({"phase": "Failed", "initContainerStatuses": [
+            saved, restored,
+            exited("upload", 1, "mc: <ERROR> Unable to upload. The specified bucket does not exist."),
+        ]}),
+        Stage::UploadUnstartable => json!({"phase": "Pending", "initContainerStatuses": [
+            saved, restored,
+            {"name": "upload", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                "message": "secret \"s3-credentials\" not found"}}},
+        ]}),
         Stage::VerifyExited => json!({"phase": "Failed",
             "initContainerStatuses": [saved, restored],
             "containerStatuses": [exited("verify", 2, "panic: failed to recover v3 backend")],
@@ -210,6 +238,8 @@ pub(super) fn rows() -> Vec<Row> {
                 assert_eq!(annotations[ANNOTATION_TRIGGER], "2024-05-01T12:00");
                 assert_eq!(annotations[ANNOTATION_FILE], "ex-0.db");
                 let init = &pod["spec"]["initContainers"];
+                assert_eq!(init.as_array().map(Vec::len), Some(2), "no upload: {init}");
+                assert!(annotations.get(ANNOTATION_LOCATION).is_none());
                 assert_eq!(
                     init[0]["command"],
                     json!([
@@ -406,6 +436,159 @@ pub(super) fn rows() -> Vec<Row> {
             &[],
             30_000,
             no_check,
+        ),
+        // ---- uploads to an S3-compatible store ----
+        row(
+            "with s3, the snapshot is uploaded as its slot's object after it restored, keys from the Secret",
+            backup_spec(json!({"trigger": "t1", "keep": 2, "s3": s3()})),
+            recorded(&MEMBERS),
+            members(),
+            healthy(),
+            &[CLAIM, POD],
+            &[],
+            &[],
+            2_000,
+            |d, _| {
+                let pod = applied_backup_pod(d);
+                assert_eq!(
+                    pod["metadata"]["annotations"][ANNOTATION_LOCATION],
+                    "s3://etcd-snapshots/prod/ex-0.db"
+                );
+                let init = pod["spec"]["initContainers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
+                assert_eq!(names, ["save", "restore", "upload"]);
+                let upload = &init[2];
+                assert_eq!(upload["image"], crate::spec::DEFAULT_MC_IMAGE);
+                assert_eq!(
+                    upload["command"],
+                    json!([
+                        "mc",
+                        "--config-dir",
+                        "/mc",
+                        "cp",
+                        "/backup/ex-0.db",
+                        "s3/etcd-snapshots/prod/ex-0.db"
+                    ])
+                );
+                assert_eq!(
+                    upload["env"],
+                    json!([
+                        {"name": "S3_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef":
+                            {"name": "s3-credentials", "key": "accessKeyID"}}},
+                        {"name": "S3_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef":
+                            {"name": "s3-credentials", "key": "secretAccessKey"}}},
+                        {"name": "MC_HOST_s3", "value":
+                            "http://$(S3_ACCESS_KEY_ID):$(S3_SECRET_ACCESS_KEY)@minio.backup.svc:9000"},
+                    ])
+                );
+                // No key in the Pod spec itself.
+                assert!(!pod.to_string().contains("AKIA"), "{pod}");
+                let volumes = pod["spec"]["volumes"].to_string();
+                assert!(volumes.contains("mc-config"), "{volumes}");
+            },
+        ),
+        row(
+            "with s3, the object rotates with the slot: keep 2 replaces the oldest object",
+            backup_spec(json!({"trigger": "t3", "keep": 2, "s3": s3()})),
+            backed_up_with(
+                json!({"trigger": "t2", "snapshots": [kept("ex-0.db", "t2", 9), kept("ex-1.db", "t1", 5)]}),
+            ),
+            members(),
+            healthy(),
+            &[CLAIM, POD],
+            &[],
+            &[],
+            2_000,
+            |d, _| {
+                let pod = applied_backup_pod(d);
+                assert_eq!(
+                    pod["spec"]["initContainers"][2]["command"][5],
+                    "s3/etcd-snapshots/prod/ex-1.db"
+                );
+            },
+        ),
+        row(
+            "an uploaded snapshot is listed with its location",
+            backup_spec(json!({"trigger": "t1", "s3": s3()})),
+            recorded(&MEMBERS),
+            with(
+                members(),
+                s3_backup_pod(on_demand("t1"), "ex-0.db", Stage::Serving),
+            ),
+            healthy(),
+            &[CLAIM],
+            &[],
+            &["Normal/BackupSucceeded"],
+            2_000,
+            |d, _| {
+                let backup = backup_status(d);
+                assert_eq!(
+                    backup["snapshots"][0]["location"], "s3://etcd-snapshots/prod/ex-0.db",
+                    "{backup}"
+                );
+                assert!(
+                    event_message(d, "BackupSucceeded")
+                        .contains("uploaded to s3://etcd-snapshots/prod/ex-0.db")
+                );
+            },
+        ),
+        row(
+            "a failed upload is a failed backup naming the endpoint, the Secret and the bucket",
+            backup_spec(json!({"trigger": "t1", "s3": s3()})),
+            backed_up_with(
+                json!({"snapshots": [kept("ex-0.db", "t0", 5), kept("ex-1.db", "t", 3)]}),
+            ),
+            with(
+                members(),
+                s3_backup_pod(on_demand("t1"), "ex-0.db", Stage::UploadFailed),
+            ),
+            healthy(),
+            &[CLAIM],
+            &[],
+            &["Warning/BackupFailed"],
+            2_000,
+            |d, etcd| {
+                let backup = backup_status(d);
+                assert_eq!(backup["phase"], "Failed");
+                assert_eq!(files(&backup), ["ex-1.db"]);
+                let message = event_message(d, "BackupFailed");
+                for part in [
+                    "uploading it to s3://etcd-snapshots/prod/ex-0.db failed",
+                    "exit code 1",
+                    "bucket does not exist",
+                    "http://minio.backup.svc:9000",
+                    "Secret s3-credentials",
+                    "bucket etcd-snapshots exists",
+                ] {
+                    assert!(message.contains(part), "{part} in {message}");
+                }
+                assert!(!etcd.calls.iter().any(|c| c.contains("ex-backup")));
+            },
+        ),
+        row(
+            "an upload that cannot start for a missing Secret fails now, not at the deadline",
+            backup_spec(json!({"trigger": "t1", "s3": s3()})),
+            recorded(&MEMBERS),
+            with(
+                members(),
+                s3_backup_pod(on_demand("t1"), "ex-0.db", Stage::UploadUnstartable),
+            ),
+            healthy(),
+            &[CLAIM],
+            &[],
+            &["Warning/BackupFailed"],
+            2_000,
+            |d, _| {
+                let message = event_message(d, "BackupFailed");
+                assert!(
+                    message.contains("secret \"s3-credentials\" not found"),
+                    "{message}"
+                );
+                assert_eq!(backup_status(d)["phase"], "Failed");
+            },
         ),
         // ---- slots ----
         row(
