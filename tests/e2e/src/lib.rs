@@ -2,6 +2,8 @@
 //! shared real control plane, scoped to one test namespace, plus CRD installation and small
 //! waiting helpers.
 
+pub mod etcd;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -9,14 +9,14 @@
 //! answer; and that a snapshot is saved and verified over TLS, its hashKV the live one.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::GroupVersionKind;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use policy_host::decide::Limits;
+use policy_host_e2e::etcd::{etcd_clusters, etcd_version, eventually, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
 use policy_host_testenv::shared;
 use rcgen::{
@@ -28,25 +28,6 @@ use serde_json::{Value, json};
 /// How long bootstrap or one membership change may take.
 const CONVERGE: Duration = Duration::from_secs(150);
 const NAME: &str = "secure";
-
-/// Polls `check` every 200 ms until it returns `Ok`, for at most `timeout`; the error carries the
-/// last reason.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return Ok(value),
-            Err(why) if Instant::now() >= deadline => {
-                anyhow::bail!("timed out after {timeout:?} waiting for {what}; last: {why}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
 
 /// PEM files of one test CA: the members' certificate and the operator's client certificate.
 struct Certificates {
@@ -179,7 +160,12 @@ impl Fixture {
             format!("--key={}", self.certificates.path("operator.key")),
             "--insecure-skip-tls-verify".to_owned(),
         ];
-        run_etcdctl(&self.etcdctl, endpoints, &tls, args).await
+        let all: Vec<&str> = tls
+            .iter()
+            .map(String::as_str)
+            .chain(args.iter().copied())
+            .collect();
+        run_etcdctl(&self.etcdctl, endpoints, &all).await
     }
 
     /// Waits until status, pods and etcd agree on `size` started voting members with https
@@ -282,33 +268,6 @@ impl Fixture {
     }
 }
 
-async fn run_etcdctl(
-    etcdctl: &Path,
-    endpoints: &[String],
-    tls: &[String],
-    args: &[&str],
-) -> Result<String, String> {
-    if endpoints.is_empty() {
-        return Err(format!("etcdctl {args:?}: no endpoint"));
-    }
-    let output = tokio::process::Command::new(etcdctl)
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .args(["--dial-timeout=2s", "--command-timeout=5s"])
-        .args(tls)
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("running {}: {e}", etcdctl.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "etcdctl {args:?} against {endpoints:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> {
     init_logging();
@@ -325,13 +284,7 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
         Limits::default(),
     )
     .await?;
-    let version = env
-        .binaries()
-        .etcd_versions()
-        .iter()
-        .map(|v| v.trim_start_matches('v').to_owned())
-        .find(|v| v.starts_with("3.6."))
-        .ok_or_else(|| anyhow::anyhow!("no etcd 3.6.x in the test environment"))?;
+    let version = etcd_version(env, "3.6")?;
     let etcdctl = env
         .binaries()
         .etcd_dir(&format!("v{version}"))
@@ -351,14 +304,8 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
             .create(&Default::default(), &certificates.secret(name, pair))
             .await?;
     }
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &namespace,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("etcd.database.coreos.com", "v1beta2", "EtcdCluster"),
-            "etcdclusters",
-        ),
-    );
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let fixture = Fixture {
         namespace: namespace.clone(),
         clusters,
@@ -398,17 +345,13 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
             .iter()
             .map(|e| e.replace("https://", "http://"))
             .collect();
-        let refused = run_etcdctl(&fixture.etcdctl, &plain[..1], &[], &["get", "over-tls"]).await;
+        let refused = run_etcdctl(&fixture.etcdctl, &plain[..1], &["get", "over-tls"]).await;
         anyhow::ensure!(refused.is_err(), "plain HTTP was answered: {refused:?}");
-        let no_client_cert = [
-            format!("--cacert={}", fixture.certificates.path("ca.crt")),
-            "--insecure-skip-tls-verify".to_owned(),
-        ];
+        let ca = format!("--cacert={}", fixture.certificates.path("ca.crt"));
         let refused = run_etcdctl(
             &fixture.etcdctl,
             &endpoints[..1],
-            &no_client_cert,
-            &["get", "over-tls"],
+            &[&ca, "--insecure-skip-tls-verify", "get", "over-tls"],
         )
         .await;
         anyhow::ensure!(
