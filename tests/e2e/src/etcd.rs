@@ -54,7 +54,12 @@ pub fn etcd_version(env: &TestEnv, minor: &str) -> anyhow::Result<String> {
         .iter()
         .map(|v| v.trim_start_matches('v').to_owned())
         .find(|v| v.starts_with(&format!("{minor}.")))
-        .ok_or_else(|| anyhow::anyhow!("no etcd {minor}.x in the test environment"))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no etcd {minor}.x in the test environment ({:?}); add one to tests/env/versions.env",
+                env.binaries().etcd_versions()
+            )
+        })
 }
 
 /// One test's EtcdCluster, its namespace, the host reconciling it and an etcd client.

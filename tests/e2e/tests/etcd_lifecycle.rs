@@ -7,7 +7,7 @@
 //! endpoint health, and keys written before a change and read after it.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +18,9 @@ use kube::api::{
 };
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
+use policy_host_e2e::etcd::{
+    etcd_clusters, etcd_version, eventually, pod_endpoint, pod_ready, run_etcdctl,
+};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
 use policy_host_testenv::{TestEnv, shared};
 use serde_json::{Value, json};
@@ -28,47 +31,6 @@ const CONVERGE: Duration = Duration::from_secs(150);
 const NAME: &str = "lifecycle";
 /// Name of the cluster restored from a snapshot of `NAME`.
 const RESTORED: &str = "restored";
-
-fn etcd_clusters() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("etcd.database.coreos.com", "v1beta2", "EtcdCluster"),
-        "etcdclusters",
-    )
-}
-
-/// Polls `check` every 200 ms until it returns `Ok`, for at most `timeout`; on timeout the
-/// error carries the last reason `check` gave, so a failure says what was still wrong.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return Ok(value),
-            Err(why) if Instant::now() >= deadline => {
-                anyhow::bail!("timed out after {timeout:?} waiting for {what}; last: {why}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
-
-/// An etcd version of the test environment by minor, e.g. `3.5` → `3.5.35`.
-fn etcd_version(env: &TestEnv, minor: &str) -> anyhow::Result<String> {
-    env.binaries()
-        .etcd_versions()
-        .iter()
-        .map(|v| v.trim_start_matches('v').to_owned())
-        .find(|v| v.starts_with(&format!("{minor}.")))
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "no etcd {minor}.x in the test environment ({:?}); add one to tests/env/versions.env",
-                env.binaries().etcd_versions()
-            )
-        })
-}
 
 /// One test's EtcdCluster, its namespace, the host reconciling it and an etcd client.
 struct Fixture {
@@ -413,43 +375,6 @@ impl Fixture {
             .await;
         outcome
     }
-}
-
-fn pod_endpoint(pod: &Pod) -> Option<String> {
-    let ip = pod.status.as_ref()?.pod_ip.clone()?;
-    Some(format!("http://{ip}:2379"))
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn run_etcdctl(
-    etcdctl: &Path,
-    endpoints: &[String],
-    args: &[&str],
-) -> Result<String, String> {
-    if endpoints.is_empty() {
-        return Err(format!("etcdctl {args:?}: no endpoint"));
-    }
-    let output = tokio::process::Command::new(etcdctl)
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .args(["--dial-timeout=2s", "--command-timeout=5s"])
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("running {}: {e}", etcdctl.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "etcdctl {args:?} against {endpoints:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 fn member_ids(members: &[Value]) -> BTreeSet<String> {
