@@ -12,7 +12,8 @@
 //! [`app_tls`]) and [`app_exchange`]. Loading is a separate concern:
 //! [`load`] turns files and labelled ConfigMaps into checked, compiled plugins,
 //! [`policy_store`] holds what is loaded and swaps it atomically, and [`supervisor`] keeps one
-//! controller running per loaded policy.
+//! controller running per loaded policy. Of several replicas, only the one that holds the
+//! [`leader`] Lease runs them.
 
 pub mod act;
 pub mod admin;
@@ -21,6 +22,7 @@ pub mod app_exchange;
 pub mod app_tls;
 pub mod controller;
 pub mod decide;
+pub mod leader;
 pub mod load;
 pub mod metrics;
 pub mod observe;
@@ -39,6 +41,7 @@ use kube::Client;
 use crate::admin::Readiness;
 use crate::controller::ControllerOptions;
 use crate::decide::{Limits, Sandbox};
+use crate::leader::{Leadership, LeaseElector, LeaseSettings, LostLease};
 use crate::load::artifact_cache::ArtifactCache;
 use crate::load::config_maps::ConfigMapSource;
 use crate::load::pack::PackDefaults;
@@ -64,6 +67,12 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    /// This replica led and lost the Lease: it stops at once, so that it never decides beside
+    /// the replica that leads now (the kubelet restarts it as a standby).
+    #[error(
+        "lost leadership: {0}; stopping so that only the new leader decides (restarts as a standby)"
+    )]
+    LeadershipLost(LostLease),
     /// Two plugins claim the same custom resource kind.
     #[error("plugins `{first}` and `{second}` both reconcile {kind}; load only one of them")]
     SameTarget {
@@ -92,6 +101,8 @@ pub struct Settings {
     pub admin_addr: Option<SocketAddr>,
     /// Controller options.
     pub controller: ControllerOptions,
+    /// Leader election among replicas (`None`: this replica always leads).
+    pub leader_election: Option<LeaseSettings>,
 }
 
 /// A running host's handles, for embedding (tests, benchmarks).
@@ -103,6 +114,8 @@ pub struct Running {
     pub metrics: Metrics,
     /// The bound admin address, if served.
     pub admin_addr: Option<SocketAddr>,
+    /// Whether this replica leads (always, without leader election).
+    pub leadership: Leadership,
 }
 
 /// Loads the policies and runs their controllers until `shutdown` resolves.
@@ -110,7 +123,12 @@ pub struct Running {
 /// Plugin files load before anything else (a bad file fails the start); plugin ConfigMaps are
 /// then watched for the host's whole life, and the supervisor starts, restarts and stops one
 /// controller per loaded policy as the store changes. `on_started` is called once the files
-/// are loaded and every task has started.
+/// are loaded and the admin endpoint serves.
+///
+/// With leader election, the replica waits for the Lease before it watches plugin ConfigMaps
+/// or starts a controller; on `shutdown` it stops taking reconciles, lets those in flight
+/// finish (bounded by the supervisor's grace), releases the Lease and returns. A leader that
+/// loses the Lease returns [`HostError::LeadershipLost`] at once, aborting its tasks.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -168,12 +186,47 @@ pub async fn run(
         });
     }
 
-    tasks.spawn(supervisor::supervise(
+    let (mut elector, leadership) = match settings.leader_election.clone() {
+        Some(lease) => {
+            let (elector, leadership) = LeaseElector::new(client.clone(), lease);
+            (Some(elector), leadership)
+        }
+        None => (None, Leadership::always()),
+    };
+    // A standby is ready: it serves and waits. Were it not, a rolling update of two replicas
+    // would never finish, since the new pod cannot lead before the old one goes.
+    readiness.set_ready();
+    on_started(&Running {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        admin_addr,
+        leadership,
+    });
+    if let Some(elector) = elector.as_mut() {
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown.clone() => {
+                while tasks.join_next().await.is_some() {}
+                return Ok(());
+            }
+        }
+    }
+
+    // Leading: everything that writes starts now. `stop` ends it on shutdown; a lost Lease
+    // ends it harder (below).
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop: Shared<BoxFuture<'static, ()>> = async move {
+        let _ = stop_rx.await;
+    }
+    .boxed()
+    .shared();
+    let mut leading = tokio::task::JoinSet::new();
+    leading.spawn(supervisor::supervise(
         client.clone(),
         store.clone(),
         metrics.clone(),
         settings.controller.clone(),
-        shutdown.clone(),
+        stop.clone(),
     ));
     if let Some(namespace) = settings.plugin_namespace.clone() {
         let source = ConfigMapSource::new(
@@ -187,21 +240,41 @@ pub async fn run(
                 concurrency: settings.controller.concurrency,
             },
         );
-        tasks.spawn(source.run(shutdown.clone()));
-        tasks.spawn(load::status::publish(
+        leading.spawn(source.run(stop.clone()));
+        leading.spawn(load::status::publish(
             client.clone(),
             namespace,
             store.clone(),
-            shutdown.clone(),
+            stop.clone(),
         ));
     }
-    readiness.set_ready();
-    on_started(&Running {
-        store: store.clone(),
-        metrics: metrics.clone(),
-        admin_addr,
-    });
-    shutdown.await;
+
+    let lost = match elector.as_mut() {
+        Some(elector) => tokio::select! {
+            lost = elector.hold() => Some(lost),
+            () = shutdown.clone() => None,
+        },
+        None => {
+            shutdown.clone().await;
+            None
+        }
+    };
+    if let Some(lost) = lost {
+        // Not a graceful stop: another replica may lead within the lease duration, so every
+        // task that writes is aborted now (dropping the sets aborts them; a process exit, which
+        // the binary does next, ends the controllers they started).
+        leading.abort_all();
+        tasks.abort_all();
+        return Err(HostError::LeadershipLost(lost));
+    }
+    tracing::info!("shutting down: no new reconciles; finishing those in flight");
+    let _ = stop_tx.send(());
+    while leading.join_next().await.is_some() {}
+    if let Some(elector) = elector.as_mut()
+        && let Err(error) = elector.release().await
+    {
+        tracing::warn!(%error, "could not release the Lease; a standby takes over when it expires");
+    }
     while tasks.join_next().await.is_some() {}
     Ok(())
 }

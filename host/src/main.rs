@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use policy_host::controller::ControllerOptions;
 use policy_host::decide::{Limits, Sandbox};
+use policy_host::leader::{self, LeaseSettings};
 use policy_host::load::pack::LimitsSpec;
 use policy_host::plugin_cli;
 use policy_host::telemetry::{self, LogFormat};
@@ -51,6 +52,16 @@ enum Command {
         /// Watch only this namespace (default: every namespace).
         #[arg(long)]
         namespace: Option<String>,
+        /// Namespace of the leader-election Lease (default: `POD_NAMESPACE`). Without one,
+        /// leader election is off and this process always leads: run one replica only.
+        #[arg(long, env = "POD_NAMESPACE")]
+        lease_namespace: Option<String>,
+        /// Name of the leader-election Lease; replicas of one deployment share it.
+        #[arg(long, default_value = "policy-host")]
+        lease_name: String,
+        /// Take part in leader election (`--leader-election false`: always lead).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        leader_election: bool,
     },
     /// Load a plugin and print what it says about itself, as JSON.
     Describe {
@@ -187,6 +198,23 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Resolves on SIGTERM (what the kubelet sends a stopping pod, and PID 1 gets no default
+/// handler for it) or SIGINT (Ctrl-C).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())
+        .context("cannot install the SIGTERM handler; the host could not stop gracefully")?;
+    let mut interrupt = signal(SignalKind::interrupt())
+        .context("cannot install the SIGINT handler; the host could not stop gracefully")?;
+    Ok(async move {
+        let which = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(signal = which, "shutting down");
+    })
+}
+
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run {
@@ -197,6 +225,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             limits,
             concurrency,
             namespace,
+            lease_namespace,
+            lease_name,
+            leader_election,
         } => {
             if policies.is_empty() && plugin_namespace.is_none() {
                 anyhow::bail!(
@@ -216,11 +247,21 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     concurrency,
                     namespace,
                 },
+                leader_election: match lease_namespace.filter(|_| leader_election) {
+                    Some(lease_namespace) => Some(LeaseSettings::new(
+                        lease_namespace,
+                        lease_name,
+                        leader::default_identity(),
+                    )),
+                    None => {
+                        tracing::warn!(
+                            "leader election off (no --lease-namespace or POD_NAMESPACE, or --leader-election false): run a single replica"
+                        );
+                        None
+                    }
+                },
             };
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-                tracing::info!("shutting down");
-            };
+            let shutdown = shutdown_signal()?;
             policy_host::run(client, settings, shutdown, |_| {}).await?;
         }
         Command::Describe { plugin } => {

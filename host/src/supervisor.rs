@@ -46,6 +46,33 @@ struct RunningController {
     task: JoinHandle<()>,
 }
 
+/// The running controllers. Dropped without a graceful stop (the supervisor's task aborted,
+/// as when a leader loses its Lease), it aborts them: a controller never outlives its
+/// supervisor.
+#[derive(Default)]
+struct Controllers(HashMap<String, RunningController>);
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        for controller in self.0.values() {
+            controller.task.abort();
+        }
+    }
+}
+
+impl std::ops::Deref for Controllers {
+    type Target = HashMap<String, RunningController>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Controllers {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
 /// Runs controllers following the store until `shutdown` resolves, then stops them all.
 pub async fn supervise(
     client: Client,
@@ -55,7 +82,7 @@ pub async fn supervise(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) {
     let mut changes = store.subscribe();
-    let mut running: HashMap<String, RunningController> = HashMap::new();
+    let mut running = Controllers::default();
     tokio::pin!(shutdown);
     loop {
         let wanted: HashMap<String, WatchedShape> = store

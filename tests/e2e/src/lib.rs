@@ -112,6 +112,7 @@ impl HostUnderTest {
                 concurrency: 4,
                 namespace: Some(namespace.to_string()),
             },
+            leader_election: None,
         })
     }
 
@@ -154,6 +155,15 @@ impl HostUnderTest {
             let _ = stop.send(());
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), &mut self.task).await;
+    }
+}
+
+impl HostUnderTest {
+    /// Ends the host the way a killed process ends: no graceful stop, no Lease released (its
+    /// tasks, controllers included, are aborted).
+    pub fn kill(mut self) {
+        self.stop.take();
+        self.task.abort();
     }
 }
 
