@@ -16,15 +16,14 @@
 //!
 //! - [`spec`] — the custom resource types (and, with feature `crd`, the CRD).
 //! - [`etcd_api`] — what the plugin asks etcd, and the gateway JSON encoding.
-//! - [`children`] — names and JSON of the Services, Pods, claims and budget.
-//! - [`object_store`] — the `mc` containers that upload snapshots to an S3-compatible store
-//!   and download one for a restore.
+//! - [`children`] — names and JSON of the Services, Pods, claims and budget, and the `mc`
+//!   containers that upload snapshots to an S3-compatible store and download one for a
+//!   restore ([`children::object_store`]).
 //! - [`schedule`] — the backup schedule: durations, times, when a snapshot is due.
 //! - [`reconcile`] — the decisions, and the status conditions they report.
 
 pub mod children;
 pub mod etcd_api;
-pub mod object_store;
 pub mod reconcile;
 pub mod schedule;
 pub mod spec;

@@ -15,12 +15,12 @@ use policy_host_sdk::pods::ObservedPod;
 use serde_json::Value;
 
 use super::Step;
+use crate::children::object_store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, UPLOAD_CONTAINER};
 use crate::children::{
     self, ANNOTATION_FILE, ANNOTATION_LOCATION, RESTORE_CONTAINER, SAVE_CONTAINER, SnapshotCause,
     VERIFY_CONTAINER,
 };
 use crate::etcd_api::EtcdApi;
-use crate::object_store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, UPLOAD_CONTAINER};
 use crate::protocol::{Action, EventType, Timestamp};
 use crate::schedule::{due_time_to_record, next_due, parse_rfc3339};
 use crate::spec::{BackupStatus, SnapshotStatus, ValidBackup, ValidS3};

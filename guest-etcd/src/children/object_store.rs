@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use crate::children::{ANNOTATION_LOCATION, BACKUP_MOUNT, RESTORE_CONTAINER, RESTORE_MOUNT};
+use super::{ANNOTATION_LOCATION, BACKUP_MOUNT, RESTORE_CONTAINER, RESTORE_MOUNT};
 use crate::spec::{S3RestoreSpec, ValidS3};
 
 /// The backup Pod's init container that uploads the snapshot, after it restored.

@@ -1,0 +1,429 @@
+//! Membership, when etcd answers: repairs (a member without a pod, a pod without a member, a
+//! failed or crash-looping member), then at most one change: grow, shrink, or an upgrade
+//! step.
+
+use super::{CRASH_LOOP_RESTARTS, MemberInPod, Step};
+use crate::children::{self, ClusterState, ETCD_CONTAINER, quorum};
+use crate::etcd_api::{EtcdApi, Member, MemberList};
+use crate::protocol::{Action, EventType};
+
+impl Step<'_> {
+    pub(super) fn membership_step(
+        &mut self,
+        etcd: &mut impl EtcdApi,
+        contact: &str,
+        list: MemberList,
+        leader: u64,
+    ) -> MemberList {
+        let members: Vec<MemberInPod> = list
+            .members
+            .iter()
+            .map(|m| MemberInPod {
+                member: m,
+                pod: self.member_pod_name(m),
+            })
+            .collect();
+        let member_pods: Vec<String> = members.iter().filter_map(|m| m.pod.clone()).collect();
+        let mut repaired = false;
+
+        // Pods without a member: removed from etcd, then the host stopped before the pod was
+        // deleted (or left over from an earlier cluster). Their data is not part of this
+        // cluster; a member must never restart from it.
+        for pod in self.pods_by_index() {
+            if !member_pods.contains(&pod.name) && !pod.terminating {
+                self.delete_member_pod(&pod.name);
+                repaired = true;
+            }
+        }
+        for claim in &self.children.claims {
+            if let Some(pod) = self.cluster.claim_member(claim)
+                && !member_pods.contains(&pod)
+                && self.children.pod(&pod).is_none()
+            {
+                self.actions.push(Action::Delete {
+                    kind: children::pvc_kind(),
+                    name: claim.clone(),
+                });
+                repaired = true;
+            }
+        }
+        if repaired {
+            self.progressing(
+                "RemovingStrayPods",
+                "deleting pods whose member is no longer in etcd",
+            );
+        }
+
+        // Failed pods of members: delete them; the member is then recreated or replaced.
+        for m in &members {
+            if let Some(pod) = m.pod.as_deref().and_then(|p| self.children.pod(p))
+                && !pod.terminating
+                && pod.is_gone()
+            {
+                self.delete_member_pod_only(&pod.name);
+                self.progressing(
+                    "ReplacingMember",
+                    format!("pod {} failed; deleting it", pod.name),
+                );
+                repaired = true;
+            }
+        }
+        // A crash-looping member (etcd answered, so the others hold a quorum without it):
+        // its pod goes with its claim, so the member is removed and replaced by a fresh one
+        // rather than restarted again on the same data. One at a time.
+        if !repaired
+            && let Some(pod) = members
+                .iter()
+                .filter(|m| m.member.is_started())
+                .filter_map(|m| m.pod.as_deref().and_then(|p| self.children.pod(p)))
+                .find(|p| {
+                    !p.terminating
+                        && !p.ready
+                        && p.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
+                        && p.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
+                })
+        {
+            self.delete_member_pod(&pod.name);
+            self.event(
+                EventType::Warning,
+                "MemberCrashLooping",
+                format!(
+                    "member {} restarted {} times without becoming Ready; replacing it with a fresh member (its logs say why)",
+                    pod.name,
+                    pod.restarts(ETCD_CONTAINER)
+                ),
+            );
+            self.progressing(
+                "ReplacingMember",
+                format!("pod {} is crash-looping; replacing it", pod.name),
+            );
+            repaired = true;
+        }
+
+        // Members without a pod.
+        let voters = members.iter().filter(|m| !m.member.is_learner).count();
+        let mut membership_changed = None;
+        for m in &members {
+            let Some(pod) = m.pod.clone() else { continue };
+            if self.children.pod(&pod).is_some() {
+                continue;
+            }
+            let initial = self.initial_cluster(&list.members);
+            if !m.member.is_started() {
+                // Added to etcd, then the host stopped before creating the pod: create it,
+                // never add a second member (etcd allows one unstarted member at a time).
+                self.create_member_pod(&pod, initial, ClusterState::Existing);
+                self.progressing(
+                    "AddingMember",
+                    format!("creating pod {pod} for member added earlier"),
+                );
+                repaired = true;
+            } else if self.spec.storage.is_some()
+                && self.children.has_claim(&self.cluster.claim_name(&pod))
+            {
+                self.create_member_pod(&pod, initial, ClusterState::Existing);
+                self.progressing(
+                    "RecreatingMember",
+                    format!("recreating pod {pod} from its volume"),
+                );
+                repaired = true;
+            } else if membership_changed.is_none() {
+                // A started member whose pod (and emptyDir data) is gone: it can never come
+                // back. Remove it so a fresh member can take its place.
+                if !m.member.is_learner && voters <= 1 {
+                    self.degraded = Some((
+                        "MemberLost",
+                        format!(
+                            "the only voting member {pod} lost its pod and data: recreate the EtcdCluster from a backup"
+                        ),
+                    ));
+                    repaired = true;
+                    continue;
+                }
+                match etcd.member_remove(contact, m.member.id) {
+                    Ok(after) => {
+                        self.event(
+                            EventType::Normal,
+                            "MemberRemoved",
+                            format!("removed member {pod} (ID {:x}): its pod and data are gone; a fresh member replaces it", m.member.id),
+                        );
+                        self.progressing("ReplacingMember", format!("removed lost member {pod}"));
+                        membership_changed = Some(after);
+                    }
+                    Err(e) => {
+                        self.progressing(
+                            "ReplacingMember",
+                            format!("cannot remove lost member {pod} yet: {e}"),
+                        );
+                    }
+                }
+                repaired = true;
+            }
+        }
+        if let Some(after) = membership_changed {
+            return after;
+        }
+        if repaired {
+            return list;
+        }
+
+        let size = self.spec.size;
+        if members.len() > size {
+            return self.shrink(etcd, contact, &list, leader);
+        }
+        if let Some(learner) = members.iter().find(|m| m.member.is_learner) {
+            let pod = learner
+                .pod
+                .clone()
+                .unwrap_or_else(|| learner.member.name.clone());
+            if !learner.member.is_started() {
+                self.progressing(
+                    "AddingMember",
+                    format!("waiting for learner {pod} to start"),
+                );
+                return list;
+            }
+            // Promotion fails until the learner has caught up with the leader's log:
+            // that is the normal "not yet", retried on the next reconcile.
+            return match etcd.member_promote(contact, learner.member.id) {
+                Ok(after) => {
+                    self.event(
+                        EventType::Normal,
+                        "MemberPromoted",
+                        format!("promoted learner {pod} to voting member"),
+                    );
+                    self.progressing("AddingMember", format!("promoted {pod}"));
+                    after
+                }
+                Err(e) => {
+                    self.progressing("AddingMember", format!("learner {pod} is catching up: {e}"));
+                    list
+                }
+            };
+        }
+        if self.version_blocked {
+            return list;
+        }
+        if members.len() < size {
+            return self.grow(etcd, contact, &list, &members);
+        }
+        let not_ready: Vec<String> = member_pods
+            .iter()
+            .filter(|p| !self.children.pod(p).is_some_and(|p| p.ready))
+            .cloned()
+            .collect();
+        if !not_ready.is_empty() {
+            self.progressing(
+                "WaitingForMembers",
+                format!("members not Ready: {}", not_ready.join(", ")),
+            );
+            return list;
+        }
+        self.upgrade(etcd, &members, leader);
+        list
+    }
+
+    fn delete_member_pod_only(&mut self, pod: &str) {
+        self.actions.push(Action::Delete {
+            kind: children::pod_kind(),
+            name: pod.to_owned(),
+        });
+    }
+
+    /// Adds one member: `member add` as a learner, then its pod.
+    fn grow(
+        &mut self,
+        etcd: &mut impl EtcdApi,
+        contact: &str,
+        list: &MemberList,
+        members: &[MemberInPod],
+    ) -> MemberList {
+        let waiting: Vec<String> = members
+            .iter()
+            .filter(|m| {
+                !m.member.is_started()
+                    || m.pod
+                        .as_deref()
+                        .and_then(|p| self.children.pod(p))
+                        .is_none_or(|p| !p.ready || p.is_gone())
+            })
+            .map(|m| {
+                m.pod
+                    .clone()
+                    .unwrap_or_else(|| format!("{:x}", m.member.id))
+            })
+            .collect();
+        let terminating: Vec<&str> = self
+            .children
+            .pods
+            .iter()
+            .filter(|p| p.terminating)
+            .map(|p| p.name.as_str())
+            .collect();
+        if !waiting.is_empty() || !terminating.is_empty() {
+            let mut names = waiting;
+            names.extend(terminating.iter().map(|t| format!("{t} (terminating)")));
+            self.progressing(
+                "WaitingForMembers",
+                format!(
+                    "scaling up to {} waits for members to be Ready: {}",
+                    self.spec.size,
+                    names.join(", ")
+                ),
+            );
+            return list.clone();
+        }
+        let used: Vec<usize> = self
+            .children
+            .pods
+            .iter()
+            .filter_map(|p| self.cluster.member_index(&p.name))
+            .chain(
+                members
+                    .iter()
+                    .filter_map(|m| m.pod.as_deref().and_then(|p| self.cluster.member_index(p))),
+            )
+            .chain(
+                self.children
+                    .claims
+                    .iter()
+                    .filter_map(|c| self.cluster.claim_member(c))
+                    .filter_map(|p| self.cluster.member_index(&p)),
+            )
+            .collect();
+        let index = (0..).find(|n| !used.contains(n)).unwrap_or(0);
+        let pod = self.cluster.member_name(index);
+        let peer_url = self.cluster.peer_url(&pod);
+        let as_learner = self.spec.version.supports_learners();
+        match etcd.member_add(contact, std::slice::from_ref(&peer_url), as_learner) {
+            Ok(added) => {
+                let mut all = added.list.members.clone();
+                if !all.iter().any(|m| m.id == added.member.id) {
+                    all = list.members.clone();
+                    all.push(added.member.clone());
+                }
+                let initial = self.initial_cluster(&all);
+                self.create_member_pod(&pod, initial, ClusterState::Existing);
+                self.event(
+                    EventType::Normal,
+                    "MemberAdded",
+                    format!(
+                        "added member {pod} (ID {:x}){}",
+                        added.member.id,
+                        if as_learner { " as a learner" } else { "" }
+                    ),
+                );
+                self.progressing(
+                    "AddingMember",
+                    format!("added {pod}, {} of {} members", all.len(), self.spec.size),
+                );
+                MemberList {
+                    cluster_id: if added.list.cluster_id != 0 {
+                        added.list.cluster_id
+                    } else {
+                        list.cluster_id
+                    },
+                    members: all,
+                }
+            }
+            Err(e) => {
+                self.progressing(
+                    "AddingMember",
+                    format!("member add for {pod} failed, retrying: {e}"),
+                );
+                list.clone()
+            }
+        }
+    }
+
+    /// Removes one member: a learner first, then a member whose pod is not Ready, then the
+    /// highest-numbered follower; the leader last, and never the last voter.
+    fn shrink(
+        &mut self,
+        etcd: &mut impl EtcdApi,
+        contact: &str,
+        list: &MemberList,
+        leader: u64,
+    ) -> MemberList {
+        let ready = |m: &Member| {
+            self.member_pod_name(m)
+                .and_then(|p| self.children.pod(&p))
+                .is_some_and(|p| p.ready && !p.is_gone())
+        };
+        let index = |m: &Member| {
+            self.member_pod_name(m)
+                .and_then(|p| self.cluster.member_index(&p))
+                .unwrap_or(usize::MAX)
+        };
+        let victim = list
+            .members
+            .iter()
+            .max_by_key(|m| (m.is_learner, !ready(m), m.id != leader, index(m)));
+        let Some(victim) = victim else {
+            return list.clone();
+        };
+        let voters: Vec<&Member> = list.members.iter().filter(|m| !m.is_learner).collect();
+        if !victim.is_learner {
+            if voters.len() <= 1 {
+                self.progressing("RemovingMember", "never removing the last voting member");
+                return list.clone();
+            }
+            // Removing a Ready voter must leave a Ready quorum among the remaining voters.
+            let remaining_ready = voters
+                .iter()
+                .filter(|m| m.id != victim.id && ready(m))
+                .count();
+            if ready(victim) && remaining_ready < quorum(voters.len() - 1) {
+                self.progressing(
+                    "RemovingMember",
+                    "scaling down waits: removing a member now would leave no Ready quorum",
+                );
+                return list.clone();
+            }
+        }
+        let pod = self.member_pod_name(victim);
+        let label = pod.clone().unwrap_or_else(|| format!("{:x}", victim.id));
+        // etcd first: a pod deleted before its member is removed leaves a member that can
+        // never start again and counts against the quorum.
+        match etcd.member_remove(contact, victim.id) {
+            Ok(after) => {
+                if let Some(pod) = &pod {
+                    self.delete_member_pod(pod);
+                }
+                self.event(
+                    EventType::Normal,
+                    "MemberRemoved",
+                    format!("removed member {label} (ID {:x})", victim.id),
+                );
+                self.progressing(
+                    "RemovingMember",
+                    format!(
+                        "removed {label}, {} of {} members",
+                        list.members.len() - 1,
+                        self.spec.size
+                    ),
+                );
+                if after.members.is_empty() {
+                    MemberList {
+                        cluster_id: list.cluster_id,
+                        members: list
+                            .members
+                            .iter()
+                            .filter(|m| m.id != victim.id)
+                            .cloned()
+                            .collect(),
+                    }
+                } else {
+                    after
+                }
+            }
+            Err(e) => {
+                self.progressing(
+                    "RemovingMember",
+                    format!("member remove for {label} failed, retrying: {e}"),
+                );
+                list.clone()
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The end of a reconcile: the status (members, conditions, phase), the Events, and when to
+//! look again.
+
+use policy_host_sdk::conditions::{Condition, already_set, set_condition};
+use serde_json::Value;
+
+use super::{
+    AVAILABLE, DEGRADED, Outcome, PROGRESSING, Parent, REQUEUE_PROGRESSING_MS, REQUEUE_STEADY_MS,
+    Step,
+};
+use crate::children::quorum;
+use crate::protocol::{Action, Decision, EventType, Timestamp};
+use crate::spec::{MemberStatus, Phase};
+
+impl Step<'_> {
+    /// Status, events and requeue.
+    pub(super) fn finish(mut self, parent: &Parent, outcome: Outcome, now: Timestamp) -> Decision {
+        let size = self.spec.size;
+        let mut status = parent.status.clone();
+        let pod_ready = |name: &str| {
+            self.children
+                .pod(name)
+                .is_some_and(|p| p.ready && !p.is_gone())
+        };
+        let available: Condition;
+        match &outcome {
+            Outcome::Reachable { list, version } => {
+                status.members = list
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let name = self.member_pod_name(m).unwrap_or_else(|| m.name.clone());
+                        MemberStatus {
+                            ready: m.is_started() && pod_ready(&name),
+                            id: m.id.to_string(),
+                            learner: m.is_learner,
+                            name,
+                        }
+                    })
+                    .collect();
+                status.size = Some(i64::try_from(list.members.len()).unwrap_or(i64::MAX));
+                if list.cluster_id != 0 {
+                    status.cluster_id = Some(list.cluster_id.to_string());
+                }
+                if let Some(version) = version {
+                    status.current_version = Some(version.clone());
+                }
+                let voters: Vec<&MemberStatus> =
+                    status.members.iter().filter(|m| !m.learner).collect();
+                let ready_voters = voters.iter().filter(|m| m.ready).count();
+                available = if !voters.is_empty() && ready_voters >= quorum(voters.len()) {
+                    Condition::new(
+                        AVAILABLE,
+                        true,
+                        "QuorumReady",
+                        format!("{ready_voters} of {} voting members Ready", voters.len()),
+                    )
+                } else {
+                    Condition::new(
+                        AVAILABLE,
+                        false,
+                        "QuorumNotReady",
+                        format!("{ready_voters} of {} voting members Ready", voters.len()),
+                    )
+                };
+            }
+            Outcome::Unreachable { why } => {
+                for member in &mut status.members {
+                    member.ready = pod_ready(&member.name);
+                }
+                available = Condition::new(AVAILABLE, false, "EtcdUnreachable", why.clone());
+            }
+        }
+        let ready_count = status.members.iter().filter(|m| m.ready).count();
+        status.ready = Some(format!("{ready_count}/{size}"));
+        status.target_version = Some(self.spec.version.text.clone());
+        status.observed_generation = parent.generation;
+        if let Some(backup) = self.backup_status.take() {
+            status.backup = Some(backup);
+        }
+        if matches!(outcome, Outcome::Reachable { .. }) {
+            status.restoring = None;
+        }
+        if let Some(snapshot) = self.restart_from.take() {
+            status.cluster_id = None;
+            status.members.clear();
+            status.size = None;
+            status.restoring = Some(snapshot);
+        }
+
+        let progressing = match &self.progress {
+            Some((reason, message)) => Condition::new(PROGRESSING, true, reason, message.clone()),
+            None => Condition::new(
+                PROGRESSING,
+                false,
+                "Reconciled",
+                format!("{size} of {size} members, all Ready"),
+            ),
+        };
+        let degraded = match &self.degraded {
+            Some((reason, message)) => Condition::new(DEGRADED, true, reason, message.clone()),
+            None => Condition::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+        };
+        if degraded.status == "True" && !already_set(&parent.status.conditions, &degraded) {
+            self.event(
+                EventType::Warning,
+                &degraded.reason,
+                degraded.message.clone(),
+            );
+        }
+        let lost = matches!(&self.degraded, Some((reason, _)) if ["ClusterLost", "MemberLost", "QuorumLost"].contains(reason));
+        status.phase = Some(if lost {
+            Phase::Failed
+        } else if status.cluster_id.is_none() {
+            Phase::Creating
+        } else if self.progress.is_some() {
+            Phase::Scaling
+        } else {
+            Phase::Running
+        });
+        for condition in [available, progressing, degraded] {
+            set_condition(
+                &mut status.conditions,
+                condition.observed(parent.generation),
+                now,
+            );
+        }
+
+        // Degraded without progress waits for a human: no point in polling fast.
+        let steady = self.progress.is_none() && !self.backup_running;
+        let mut actions = self.actions;
+        actions.extend(self.events.into_iter().map(Action::RecordEvent));
+        actions.push(Action::SetStatus(
+            serde_json::to_value(&status).unwrap_or(Value::Null),
+        ));
+        let requeue = if steady {
+            REQUEUE_STEADY_MS
+        } else {
+            REQUEUE_PROGRESSING_MS
+        };
+        Decision {
+            actions,
+            requeue_after_ms: Some(
+                self.backup_due_in_ms
+                    .map_or(requeue, |due| due.min(requeue)),
+            ),
+        }
+    }
+}
