@@ -2,6 +2,7 @@
 //! that follows the primary through the role label.
 
 use policy_host_sdk::children::{child_object, pod_kind, service_kind};
+use policy_host_sdk::names::ChildName;
 use serde_json::{Value, json};
 
 /// Redis' port, named `redis` on every server's container: the exchange capability asks for it.
@@ -16,6 +17,16 @@ pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// Label the plugin sets on every server: `primary` or `replica`. The client Service selects
 /// `primary`, so it follows a failover as soon as the label moves.
 pub const ROLE_LABEL: &str = "redis.policy-host.io/role";
+
+/// Every name and label value derived from the parent's name, with the largest ordinal
+/// (`spec.replicas` is at most 9): a parent whose name makes one invalid is refused before
+/// anything is applied.
+pub const CHILD_NAMES: &[ChildName] = &[
+    ChildName::service("{name}"),
+    // The Pod name is also its hostname: a DNS label.
+    ChildName::dns_label("Pod", "{name}-8"),
+    ChildName::label_value(INSTANCE_LABEL, "{name}"),
+];
 
 /// The Pod name of server `ordinal`.
 pub fn pod_name(parent: &str, ordinal: u32) -> String {

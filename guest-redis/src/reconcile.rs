@@ -114,7 +114,12 @@ pub struct Plan {
 pub fn decide(facts: &Facts) -> Plan {
     let mut status = facts.status.clone();
     let mut actions = Vec::new();
-    if let Some(message) = facts.spec.invalid() {
+    // A name cannot be fixed by editing the spec: say so before anything else.
+    let invalid = policy_host_sdk::names::check_child_names(&facts.name, children::CHILD_NAMES)
+        .err()
+        .map(|e| e.to_string())
+        .or_else(|| facts.spec.invalid());
+    if let Some(message) = invalid {
         let degraded = Condition::new("Degraded", true, "InvalidSpec", message.clone())
             .observed(facts.generation);
         if !already_set(&status.conditions, &degraded) {
@@ -718,6 +723,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_name_too_long_for_the_server_pods_is_refused_with_invalid_spec_and_changes_nothing() {
+        let mut f = facts(None, 3, vec![]);
+        f.name = "r".repeat(62);
+        let plan = decide(&f);
+        assert!(plan.commands.is_empty());
+        assert!(
+            plan.actions
+                .iter()
+                .all(|a| matches!(a, Action::SetStatus(_) | Action::RecordEvent(_))),
+            "{:?}",
+            plan.actions
+        );
+        let got = outcome(&plan);
+        assert_eq!(got.degraded, "True:InvalidSpec");
+        assert_eq!(got.events, ["InvalidSpec"]);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! the names, labels, ports and mounts they share are here, so the files depend on this one
 //! and never on each other's constants.
 
+use policy_host_sdk::names::ChildName;
 use serde_json::{Value, json};
 
 /// The kinds of the children: member and backup pods, the two services, the claims, the
@@ -196,6 +197,23 @@ impl ClusterRef {
         labels
     }
 }
+
+/// Every name and label value derived from the cluster's name, with the largest member
+/// index (`spec.size` is at most 9): a cluster whose name makes one of them invalid is refused
+/// before anything is applied.
+pub const CHILD_NAMES: &[ChildName] = &[
+    ChildName::service("{name}"),
+    ChildName::service("{name}-client"),
+    // Members find each other as `<pod>.<cluster>.<ns>.svc`: the pod name is its hostname
+    // and the cluster name its subdomain, both DNS labels.
+    ChildName::dns_label("Pod", "{name}-8"),
+    ChildName::dns_label("Pod", "{name}-backup"),
+    ChildName::object("PersistentVolumeClaim", "data-{name}-8"),
+    ChildName::object("PersistentVolumeClaim", "backup-{name}"),
+    ChildName::object("PodDisruptionBudget", "{name}"),
+    ChildName::label_value(LABEL_INSTANCE, "{name}"),
+    ChildName::label_value(LABEL_MEMBER, "{name}-8"),
+];
 
 /// Votes needed for a quorum among `voters` members.
 pub fn quorum(voters: usize) -> usize {

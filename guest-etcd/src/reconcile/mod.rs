@@ -29,6 +29,7 @@
 //! and one change), `upgrade.rs`, `backup.rs`, and `status.rs` (status, Events, requeue).
 
 use policy_host_sdk::conditions::{Condition, already_set, set_condition};
+use policy_host_sdk::names::check_child_names;
 use policy_host_sdk::pods::ObservedPod;
 use serde::Deserialize;
 use serde_json::Value;
@@ -134,6 +135,10 @@ pub fn reconcile(
 ) -> Result<Decision, PolicyError> {
     let parent = read_parent(&observation.parent)?;
     let children = ObservedChildren::read(observation)?;
+    // A name cannot be fixed by editing the spec: say so before anything else.
+    if let Err(error) = check_child_names(&parent.cluster.name, children::CHILD_NAMES) {
+        return Ok(invalid_spec(&parent, error.to_string(), observation.now));
+    }
     let spec = match parent.spec.clone().and_then(|s| s.validate()) {
         Ok(spec) => spec,
         Err(message) => return Ok(invalid_spec(&parent, message, observation.now)),

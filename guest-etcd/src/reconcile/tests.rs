@@ -382,6 +382,14 @@ fn observation(spec: Value, status: Option<Value>, children: Vec<Child>) -> Obse
     }
 }
 
+/// The observation with the EtcdCluster renamed.
+fn named(name: &str, mut observation: Observation) -> Observation {
+    let mut parent: Value = serde_json::from_str(&observation.parent).expect("test parent is JSON");
+    parent["metadata"]["name"] = json!(name);
+    observation.parent = parent.to_string();
+    observation
+}
+
 // ---- what a decision did, in comparable form ----
 
 #[derive(Debug, Default)]
@@ -1245,6 +1253,57 @@ fn rows() -> Vec<Row> {
                         .contains("spec.size")
                 );
             },
+        },
+        Row {
+            name: "a name too long for the client Service is refused with InvalidSpec before anything is applied",
+            observation: named(&"x".repeat(60), observation(spec(3), None, vec![])),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Failed",
+            requeue: None,
+            check: |d, etcd| {
+                assert!(etcd.calls.is_empty());
+                let s = summarize(d);
+                assert_eq!(
+                    s.order,
+                    ["event Warning/InvalidSpec", "status"],
+                    "no child action"
+                );
+                let degraded = condition(&s.status, "Degraded")
+                    .cloned()
+                    .unwrap_or_default();
+                assert_eq!(degraded["reason"], "InvalidSpec");
+                let message = degraded["message"].as_str().unwrap_or_default();
+                assert!(message.contains("-client"), "{message}");
+                assert!(message.contains("at most 56 characters"), "{message}");
+            },
+        },
+        Row {
+            name: "a name with a dot, valid for the EtcdCluster but not for its Services, is refused with InvalidSpec",
+            observation: named("my.cluster", observation(spec(3), None, vec![])),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Failed",
+            requeue: None,
+            check: |_, etcd| assert!(etcd.calls.is_empty()),
+        },
+        Row {
+            name: "the longest name every child allows (56 characters) bootstraps as usual",
+            observation: named(&"x".repeat(56), observation(spec(1), None, vec![])),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &["Pod/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx-0"],
+            deleted: &[],
+            events: &["Normal/ClusterCreated"],
+            phase: "Creating",
+            requeue: Some(2_000),
+            check: no_check,
         },
         Row {
             name: "an invalid spec already reported is not warned about again",

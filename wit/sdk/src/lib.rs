@@ -44,6 +44,7 @@
 //! - [`pods`] — observed Pods: phase, readiness, deletion, containers' images and restarts.
 //! - [`children`] — kind references of built-in kinds and child object skeletons.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
+//! - [`names`] — whether the child names derived from the parent's name are valid.
 //! - [`app_call`] — the client for the one way out of the sandbox.
 //! - [`exchange`] — raw TCP request/reply bytes, for apps whose protocol is not HTTP.
 //! - [`log`] — lines in the host's log.
@@ -59,6 +60,7 @@ pub mod conditions;
 pub mod contract;
 pub mod exchange;
 pub mod log;
+pub mod names;
 pub mod observation;
 pub mod pods;
 pub mod testing;
