@@ -24,6 +24,7 @@ pub mod decide;
 pub mod load;
 pub mod metrics;
 pub mod observe;
+pub mod orphans;
 pub mod plugin_cli;
 pub mod policy_store;
 pub mod shadow;
@@ -36,7 +37,7 @@ use std::path::PathBuf;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use kube::Client;
 
-use crate::admin::Readiness;
+use crate::admin::Health;
 use crate::controller::ControllerOptions;
 use crate::decide::{Limits, Sandbox};
 use crate::load::artifact_cache::ArtifactCache;
@@ -148,11 +149,11 @@ pub async fn run(
     }
 
     let metrics = Metrics::new();
-    let readiness = Readiness::default();
+    let health = Health::default();
     let mut admin_addr = None;
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = settings.admin_addr {
-        let (bound, server) = admin::serve(addr, metrics.clone(), readiness.clone(), store.clone())
+        let (bound, server) = admin::serve(addr, metrics.clone(), health.clone(), store.clone())
             .await
             .map_err(|source| HostError::Admin { addr, source })?;
         admin_addr = Some(bound);
@@ -165,16 +166,21 @@ pub async fn run(
                 },
                 () = stop => {}
             }
+            "the admin endpoint"
         });
     }
 
-    tasks.spawn(supervisor::supervise(
-        client.clone(),
-        store.clone(),
-        metrics.clone(),
-        settings.controller.clone(),
-        shutdown.clone(),
-    ));
+    tasks.spawn(
+        supervisor::supervise(
+            client.clone(),
+            store.clone(),
+            metrics.clone(),
+            health.clone(),
+            settings.controller.clone(),
+            shutdown.clone(),
+        )
+        .map(|()| "the controller supervisor"),
+    );
     if let Some(namespace) = settings.plugin_namespace.clone() {
         let source = ConfigMapSource::new(
             client.clone(),
@@ -187,21 +193,53 @@ pub async fn run(
                 concurrency: settings.controller.concurrency,
             },
         );
-        tasks.spawn(source.run(shutdown.clone()));
-        tasks.spawn(load::status::publish(
-            client.clone(),
-            namespace,
-            store.clone(),
-            shutdown.clone(),
-        ));
+        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+        let loaded = health.clone();
+        tokio::spawn(async move {
+            if listed_rx.await.is_ok() {
+                loaded.plugins_loaded();
+            }
+        });
+        tasks.spawn(
+            source
+                .on_first_list(listed_tx)
+                .run(shutdown.clone())
+                .map(|()| "the plugin ConfigMap watch"),
+        );
+        tasks.spawn(
+            load::status::publish(client.clone(), namespace, store.clone(), shutdown.clone())
+                .map(|()| "the load status publisher"),
+        );
+    } else {
+        health.plugins_loaded();
     }
-    readiness.set_ready();
     on_started(&Running {
         store: store.clone(),
         metrics: metrics.clone(),
         admin_addr,
     });
-    shutdown.await;
+    // A task that ends before shutdown (or panics) leaves the host without a part it needs:
+    // `/healthz` fails so that the kubelet restarts the host (review #20).
+    let mut stopping = shutdown.clone();
+    loop {
+        tokio::select! {
+            () = &mut stopping => break,
+            ended = tasks.join_next() => match ended {
+                None => {
+                    (&mut stopping).await;
+                    break;
+                }
+                Some(Ok(task)) => {
+                    tracing::error!(task, "a host task ended before shutdown; /healthz now fails");
+                    health.task_ended(format!("{task} ended"));
+                }
+                Some(Err(error)) => {
+                    tracing::error!(%error, "a host task panicked; /healthz now fails");
+                    health.task_ended(format!("a host task panicked: {error}"));
+                }
+            },
+        }
+    }
     while tasks.join_next().await.is_some() {}
     Ok(())
 }

@@ -215,6 +215,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 controller: ControllerOptions {
                     concurrency,
                     namespace,
+                    ..ControllerOptions::default()
                 },
             };
             let shutdown = async {
