@@ -2,11 +2,13 @@
 //!
 //! For a steady `EtcdCluster` of 1, 5 and 9 members (pods, services and budget as the API
 //! server returns them, built with guest-etcd's own `children` module) the same decision is
-//! taken four ways, interleaved in each round so machine noise hits all of them alike:
+//! taken five ways, interleaved in each round so machine noise hits all of them alike:
 //!
 //! - **native**: `guest_etcd::reconcile::reconcile` in-process, etcd answered by a script;
 //! - **wasm fresh**: `Plugin::reconcile`, the host's path (pooling + pre-instantiation, a new
 //!   store and instance per decision), app-calls answered by `AppCallScope::scripted`;
+//! - **wasm fresh, off-task**: the same, on a thread of tokio's blocking pool, as the
+//!   controller runs it (`controller::off_task`);
 //! - **wasm reused**: one instance called again and again (what statelessness costs);
 //! - **webhook**: HTTP/JSON on loopback to a server calling the native logic (the
 //!   Metacontroller-style alternative), keep-alive connection.
@@ -444,7 +446,13 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-const VARIANTS: [&str; 4] = ["native", "wasm fresh", "wasm reused", "webhook"];
+const VARIANTS: [&str; 5] = [
+    "native",
+    "wasm fresh",
+    "wasm fresh, off-task",
+    "wasm reused",
+    "webhook",
+];
 const PARTS: [&str; 5] = [
     "serialize observation",
     "store + instantiate + drop",
@@ -520,6 +528,24 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
                     .map_err(Into::into)
             })
             .await?;
+            // The controller's path: the same decision on a thread of the blocking pool
+            // (`controller::off_task`), so a looping plugin cannot hold the controller's task.
+            let shared_observation = std::sync::Arc::new(host_observation.clone());
+            let off_task = sample(iterations, || {
+                let (plugin, observation) = (plugin.clone(), shared_observation.clone());
+                let scope = AppCallScope::scripted("ns/ex".into(), script.clone());
+                async move {
+                    policy_host::controller::off_task("benchmarking", async move {
+                        plugin
+                            .reconcile(&observation, scope, "benchmarking")
+                            .await
+                            .map(drop)
+                    })
+                    .await??;
+                    Ok(())
+                }
+            })
+            .await?;
             let mut warm = Vec::with_capacity(iterations);
             for n in 0..iterations + iterations / 10 {
                 let start = Instant::now();
@@ -545,7 +571,10 @@ async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
             .await?;
             script.clear_calls();
             let base50 = micros(native.percentile(50));
-            for (name, samples) in VARIANTS.iter().zip([&native, &fresh, &warm, &hook]) {
+            for (name, samples) in VARIANTS
+                .iter()
+                .zip([&native, &fresh, &off_task, &warm, &hook])
+            {
                 let (a, b) = (
                     micros(samples.percentile(50)),
                     micros(samples.percentile(99)),

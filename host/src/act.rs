@@ -10,6 +10,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParam
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 use crate::decide::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::Observed;
@@ -46,6 +47,50 @@ impl AppliedObject {
     }
 }
 
+/// The most actions one decision may carry; a larger decision is refused whole, before any
+/// write, so that one plugin cannot spend the host's share of the API server (review #18).
+pub const MAX_ACTIONS_PER_DECISION: usize = 256;
+
+/// The most children one decision may apply or delete.
+pub const MAX_CHILD_WRITES_PER_DECISION: usize = 128;
+
+/// The most Events one decision may record.
+pub const MAX_EVENTS_PER_DECISION: usize = 16;
+
+/// How long the writes of one decision may take together.
+pub const ACT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Refuses a decision over the per-decision caps; the message says which cap and by how much.
+pub fn check_decision_size(actions: &[Action]) -> Result<(), String> {
+    let child_writes = actions
+        .iter()
+        .filter(|a| matches!(a, Action::Apply(_) | Action::Delete(_)))
+        .count();
+    let events = actions
+        .iter()
+        .filter(|a| matches!(a, Action::RecordEvent(_)))
+        .count();
+    let over = |what: &str, count: usize, cap: usize| {
+        format!(
+            "its decision carries {count} {what}, over the host's cap of {cap} per decision; split the work across reconciles (requeue)"
+        )
+    };
+    if actions.len() > MAX_ACTIONS_PER_DECISION {
+        return Err(over("actions", actions.len(), MAX_ACTIONS_PER_DECISION));
+    }
+    if child_writes > MAX_CHILD_WRITES_PER_DECISION {
+        return Err(over(
+            "child applies and deletes",
+            child_writes,
+            MAX_CHILD_WRITES_PER_DECISION,
+        ));
+    }
+    if events > MAX_EVENTS_PER_DECISION {
+        return Err(over("Events", events, MAX_EVENTS_PER_DECISION));
+    }
+    Ok(())
+}
+
 /// The field manager of every server-side apply the host makes.
 pub const FIELD_MANAGER: &str = "policy-host";
 
@@ -63,6 +108,18 @@ pub enum ActError {
         plugin: String,
         /// What was wrong.
         message: String,
+    },
+    /// The decision's writes did not finish within the act stage's deadline.
+    #[error(
+        "plugin `{plugin}`'s decision for {parent} was not carried out within {deadline:?}; the API server is slow or the decision too large; the next reconcile retries"
+    )]
+    Deadline {
+        /// Plugin label.
+        plugin: String,
+        /// namespace/name of the parent.
+        parent: String,
+        /// The act stage's deadline.
+        deadline: Duration,
     },
     /// The API server refused or failed a write.
     #[error("{what} failed: {}", api_error_text(source))]
@@ -90,6 +147,7 @@ impl ActError {
     pub fn reason(&self) -> &'static str {
         match self {
             ActError::Refused { .. } => "ActionRefused",
+            ActError::Deadline { .. } => "ActDeadlineExceeded",
             ActError::Api { .. } => "ApiWriteFailed",
         }
     }
@@ -103,6 +161,7 @@ pub struct Executor {
     plugin_label: String,
     info: PolicyInfo,
     parent_resource: ApiResource,
+    act_deadline: Duration,
 }
 
 /// Eight hex digits identifying a text.
@@ -138,11 +197,51 @@ impl Executor {
             plugin_label: plugin_label.to_string(),
             parent_resource: api_resource(&info.target),
             info: info.clone(),
+            act_deadline: ACT_DEADLINE,
         }
     }
 
-    /// Carries out `actions` in order, stopping at the first failure.
+    /// The same executor, naming `plugin_label` in its refusals: the controller outlives hot
+    /// swaps, so it names the version that decided, not the one it started with.
+    pub fn for_plugin(&self, plugin_label: &str) -> Self {
+        Self {
+            plugin_label: plugin_label.to_string(),
+            ..self.clone()
+        }
+    }
+
+    /// The same executor with another deadline for the writes of one decision.
+    pub fn with_act_deadline(mut self, deadline: Duration) -> Self {
+        self.act_deadline = deadline;
+        self
+    }
+
+    /// Carries out `actions` in order, stopping at the first failure. A decision over the
+    /// per-decision caps is refused before any write; the writes together must finish within
+    /// the act deadline.
     pub async fn apply_decision(
+        &self,
+        parent: &DynamicObject,
+        observed: &Observed,
+        actions: Vec<Action>,
+    ) -> Result<(), ActError> {
+        check_decision_size(&actions).map_err(|message| self.refused(message))?;
+        let writes = self.apply_actions(parent, observed, actions);
+        match tokio::time::timeout(self.act_deadline, writes).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(ActError::Deadline {
+                plugin: self.plugin_label.clone(),
+                parent: format!(
+                    "{}/{}",
+                    parent.namespace().unwrap_or_default(),
+                    parent.name_any()
+                ),
+                deadline: self.act_deadline,
+            }),
+        }
+    }
+
+    async fn apply_actions(
         &self,
         parent: &DynamicObject,
         observed: &Observed,
@@ -333,5 +432,165 @@ impl Executor {
                 what: format!("recording an Event on {}", parent.name_any()),
                 source,
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::contract::{ObjectRef as ChildRef, Observation};
+
+    fn event() -> Action {
+        Action::RecordEvent(Event {
+            event_type: EventType::Normal,
+            reason: "Reconciled".into(),
+            message: "done".into(),
+        })
+    }
+
+    fn apply(n: usize) -> Action {
+        Action::Apply(format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"c{n}"}}}}"#
+        ))
+    }
+
+    fn config_maps() -> KindRef {
+        KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }
+    }
+
+    #[test]
+    fn a_decision_within_every_cap_passes() {
+        let mut actions: Vec<Action> = (0..MAX_CHILD_WRITES_PER_DECISION).map(apply).collect();
+        actions.extend((0..MAX_EVENTS_PER_DECISION).map(|_| event()));
+        assert_eq!(check_decision_size(&actions), Ok(()));
+    }
+
+    #[test]
+    fn a_decision_with_too_many_child_writes_is_refused_with_the_cap() {
+        let mut actions: Vec<Action> = (0..MAX_CHILD_WRITES_PER_DECISION).map(apply).collect();
+        actions.push(Action::Delete(ChildRef {
+            kind: config_maps(),
+            name: "old".into(),
+        }));
+        let refusal = check_decision_size(&actions).expect_err("over the child cap");
+        assert!(
+            refusal.contains("129 child applies and deletes") && refusal.contains("cap of 128"),
+            "{refusal}"
+        );
+    }
+
+    #[test]
+    fn a_decision_with_too_many_events_is_refused_with_the_cap() {
+        let actions: Vec<Action> = (0..=MAX_EVENTS_PER_DECISION).map(|_| event()).collect();
+        let refusal = check_decision_size(&actions).expect_err("over the Event cap");
+        assert!(refusal.contains("17 Events"), "{refusal}");
+    }
+
+    #[test]
+    fn a_decision_with_too_many_actions_is_refused_with_the_cap() {
+        let actions: Vec<Action> = (0..=MAX_ACTIONS_PER_DECISION)
+            .map(|_| Action::SetStatus("{}".into()))
+            .collect();
+        let refusal = check_decision_size(&actions).expect_err("over the action cap");
+        assert!(refusal.contains("257 actions"), "{refusal}");
+    }
+
+    fn probe_info() -> PolicyInfo {
+        PolicyInfo {
+            name: "probe".into(),
+            version: "1.0.0".into(),
+            target: KindRef {
+                group: "test.policy-host.io".into(),
+                version: "v1".into(),
+                kind: "Probe".into(),
+                plural: "probes".into(),
+                namespaced: true,
+            },
+            children: vec![config_maps()],
+            capabilities: Vec::new(),
+            wants_finalizer: false,
+        }
+    }
+
+    fn parent() -> DynamicObject {
+        let mut parent = DynamicObject::new("p", &api_resource(&probe_info().target))
+            .within("default");
+        parent.metadata.uid = Some("uid-p".into());
+        parent
+    }
+
+    fn observed() -> Observed {
+        Observed {
+            observation: Observation {
+                parent: "{}".into(),
+                children: Vec::new(),
+                now: crate::decide::contract::Timestamp {
+                    seconds: 0,
+                    nanoseconds: 0,
+                },
+            },
+            pods: Default::default(),
+            owned: Default::default(),
+        }
+    }
+
+    /// A client of an API server that accepts connections and never answers.
+    async fn silent_api_server() -> (Client, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("bound address");
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let uri: http::Uri = format!("http://{addr}").parse().expect("a valid URI");
+        let client = Client::try_from(kube::Config::new(uri)).expect("a client");
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn writes_that_hang_end_at_the_act_deadline() {
+        let (client, server) = silent_api_server().await;
+        let executor = Executor::new(client, "probe@1.0.0", &probe_info())
+            .with_act_deadline(Duration::from_millis(300));
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(30),
+            executor.apply_decision(&parent(), &observed(), vec![apply(0)]),
+        )
+        .await
+        .expect("apply_decision returned by itself");
+        match outcome {
+            Err(error @ ActError::Deadline { .. }) => {
+                assert_eq!(error.reason(), "ActDeadlineExceeded");
+                assert!(error.to_string().contains("default/p"), "{error}");
+            }
+            other => panic!("expected the act deadline, got {other:?}"),
+        }
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_the_plugin_version_that_decided() {
+        let (client, server) = silent_api_server().await;
+        let started_with = Executor::new(client, "probe@1.0.0", &probe_info());
+        let executor = started_with.for_plugin("probe@2.0.0");
+        let secret = Action::Apply(
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}"#.into(),
+        );
+        let error = executor
+            .apply_decision(&parent(), &observed(), vec![secret])
+            .await
+            .expect_err("an undeclared kind is refused");
+        assert!(error.to_string().contains("probe@2.0.0"), "{error}");
+        server.abort();
     }
 }

@@ -26,8 +26,48 @@ use crate::observe::{ChildCache, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
 
+/// Every finalizer the host sets is this prefix and the policy's name.
+pub const FINALIZER_PREFIX: &str = "policy-host.io/";
+
+/// How long a parent may stay deleting while its finalize keeps failing, or while no loaded
+/// policy reconciles its kind, before the host removes its finalizer (with a Warning Event).
+pub const DEFAULT_FINALIZER_GRACE: Duration = Duration::from_secs(600);
+
+/// How long `parent` has been deleting (zero if it is not, or its time is in the future).
+pub fn deleting_for(parent: &DynamicObject) -> Duration {
+    let Some(deleted_at) = parent.meta().deletion_timestamp.as_ref() else {
+        return Duration::ZERO;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let since = u64::try_from(deleted_at.0.as_second()).unwrap_or(u64::MAX);
+    Duration::from_secs(now.saturating_sub(since))
+}
+
 /// Reconcile again after this long when a plugin asks for nothing sooner.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+
+/// Shadow runs of one policy in flight at once; more are dropped and counted
+/// (`policy_host_shadow_decisions_total{outcome="dropped"}`).
+pub const SHADOW_RUNS_IN_FLIGHT: usize = 4;
+
+/// How long the first list of the child caches may take before the controller warns.
+const SYNC_WARNING_AFTER: Duration = Duration::from_secs(30);
+
+/// Reconcile a parent being deleted again after this long when its plugin is not done and
+/// asks for nothing sooner.
+const FINALIZE_RETRY: Duration = Duration::from_secs(5);
+
+/// The shortest requeue a plugin can ask for: `requeue-after: 0` would otherwise loop
+/// decisions and writes as fast as the API server answers (review #18).
+pub const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
+/// When to reconcile again: what the plugin asked for, never sooner than [`MIN_REQUEUE`],
+/// or `otherwise` when it asked for nothing.
+pub fn requeue_delay(asked_ms: Option<u64>, otherwise: Duration) -> Duration {
+    asked_ms.map_or(otherwise, |ms| Duration::from_millis(ms).max(MIN_REQUEUE))
+}
 
 /// First and largest retry delay after a failed reconcile.
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(120));
@@ -48,6 +88,16 @@ pub enum ReconcileError {
     /// The decision could not be carried out.
     #[error(transparent)]
     Act(#[from] ActError),
+    /// The host panicked while running the plugin (a host bug, contained to this reconcile).
+    #[error(
+        "the host panicked while {doing}: {message}; this is a bug in policy-host (the plugin may have provoked it), please report it"
+    )]
+    HostPanicked {
+        /// What it was doing.
+        doing: String,
+        /// The panic message.
+        message: String,
+    },
     /// The host's own bookkeeping write (finalizer) failed.
     #[error(
         "updating the finalizer of {parent} failed: {}",
@@ -70,6 +120,7 @@ impl ReconcileError {
             ReconcileError::Observe(_) => "ObservationFailed",
             ReconcileError::Decide(e) => e.reason(),
             ReconcileError::Act(e) => e.reason(),
+            ReconcileError::HostPanicked { .. } => "HostPanicked",
             ReconcileError::Finalizer { .. } => "FinalizerUpdateFailed",
         }
     }
@@ -88,6 +139,9 @@ pub struct PolicyController {
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
     tls: crate::app_tls::AppTls,
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
+    finalizer_grace: Duration,
+    /// Permits for shadow runs in flight (see [`SHADOW_RUNS_IN_FLIGHT`]).
+    shadow_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Options for a policy's controller.
@@ -97,6 +151,9 @@ pub struct ControllerOptions {
     pub concurrency: u16,
     /// Watch parents and children only in this namespace (`None`: every namespace).
     pub namespace: Option<String>,
+    /// How long a deleting parent's finalizer is held when its finalize keeps failing or no
+    /// loaded policy reconciles its kind (see [`DEFAULT_FINALIZER_GRACE`]).
+    pub finalizer_grace: Duration,
 }
 
 impl Default for ControllerOptions {
@@ -104,6 +161,7 @@ impl Default for ControllerOptions {
         Self {
             concurrency: 8,
             namespace: None,
+            finalizer_grace: DEFAULT_FINALIZER_GRACE,
         }
     }
 }
@@ -122,17 +180,21 @@ fn scoped_api(
 
 impl PolicyController {
     fn finalizer(&self) -> String {
-        format!("policy-host.io/{}", self.policy)
+        format!("{FINALIZER_PREFIX}{}", self.policy)
     }
 }
 
 /// Runs the controller of the policy called `policy` until `shutdown` resolves.
+///
+/// No parent is decided before the parents and every child kind are listed; `on_synced` is
+/// called then (readiness).
 pub async fn run(
     client: Client,
     store: PolicyStore,
     policy: String,
     metrics: Metrics,
     options: ControllerOptions,
+    on_synced: impl FnOnce() + Send,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), ReconcileError> {
     let loaded = store
@@ -143,12 +205,20 @@ pub async fn run(
     let namespace = options.namespace.as_deref();
     let parents = scoped_api(&client, &parent_resource, namespace);
 
-    let mut controller =
-        Controller::new_with(parents, watcher::Config::default(), parent_resource.clone())
-            .with_config(ControllerConfig::default().concurrency(options.concurrency))
-            // A newly loaded version decides for every parent at once (hot swap).
-            .reconcile_all_on(store.replacements(&policy));
+    // The parent reflector is built here rather than by `Controller::new_with` so that its
+    // stream can be held back until every child cache has listed: kube-runtime delays
+    // reconciles until the *parent* store is ready, and nothing else. A parent decided before
+    // its children are listed looks childless, and a plugin then recreates or writes off
+    // children that exist (review #1).
+    let parent_writer = reflector::store::Writer::new(parent_resource.clone());
+    let parent_store = parent_writer.as_reader();
+    let parents_listed = parent_store.clone();
+    let parent_stream = watcher(parents, watcher::Config::default())
+        .default_backoff()
+        .reflect(parent_writer)
+        .applied_objects();
     let mut caches = Vec::new();
+    let mut child_streams = Vec::new();
     for kind in &info.children {
         let resource = api_resource(kind);
         let writer = reflector::store::Writer::new(resource.clone());
@@ -159,12 +229,27 @@ pub async fn run(
             .default_backoff()
             .reflect(writer)
             .touched_objects();
-        controller = controller.owns_stream_with(stream, resource.clone());
+        child_streams.push((stream, resource.clone()));
         caches.push(ChildCache {
             kind: kind.clone(),
             resource,
             store: reader,
         });
+    }
+    let children_listed =
+        children_synced(policy.clone(), caches.iter().map(|c| c.store.clone()).collect());
+    let gated_parents = futures::stream::once(async move {
+        children_listed.await;
+        parent_stream
+    })
+    .flatten();
+    let mut controller =
+        Controller::for_stream_with(gated_parents, parent_store, parent_resource.clone())
+            .with_config(ControllerConfig::default().concurrency(options.concurrency))
+            // A newly loaded version decides for every parent at once (hot swap).
+            .reconcile_all_on(store.replacements(&policy));
+    for (stream, resource) in child_streams {
+        controller = controller.owns_stream_with(stream, resource);
     }
     let tls = crate::app_tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
@@ -178,6 +263,8 @@ pub async fn run(
         http: crate::app_call::http_client(),
         tls,
         failures: Mutex::new(HashMap::new()),
+        shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
+        finalizer_grace: options.finalizer_grace,
     });
     tracing::info!(
         policy = %policy,
@@ -186,17 +273,82 @@ pub async fn run(
         children = ?info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         "controller started"
     );
-    controller
+    let running = controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|outcome| async move {
             if let Err(error) = outcome {
                 tracing::debug!(%error, "reconcile did not complete");
             }
-        })
-        .await;
+        });
+    tokio::pin!(running);
+    // The parents are listed only after every child kind (see above): their store being
+    // ready means the whole view is.
+    tokio::select! {
+        () = &mut running => {}
+        listed = parents_listed.wait_until_ready() => {
+            if listed.is_ok() {
+                tracing::info!(policy = %policy, "controller synced: parents and children listed");
+                on_synced();
+            }
+            running.await;
+        }
+    }
     tracing::info!(policy = %policy, "controller stopped");
     Ok(())
+}
+
+/// Resolves once every child cache has finished its first list. The watches are polled by the
+/// controller meanwhile (they are its trigger streams), so this only waits, it drives nothing.
+async fn children_synced(policy: String, stores: Vec<reflector::Store<DynamicObject>>) {
+    let all = futures::future::join_all(stores.iter().map(|s| s.wait_until_ready()));
+    tokio::pin!(all);
+    // A list that does not come (RBAC, an API server in trouble) holds every decision of this
+    // policy back; say so instead of waiting in silence.
+    loop {
+        match tokio::time::timeout(SYNC_WARNING_AFTER, &mut all).await {
+            Ok(_) => break,
+            Err(_) => tracing::warn!(
+                policy = %policy,
+                waited = ?SYNC_WARNING_AFTER,
+                "child caches not listed yet; no parent is decided until they are (check the host's RBAC for the child kinds and the API server)"
+            ),
+        }
+    }
+    tracing::debug!(policy = %policy, "child caches listed");
+}
+
+/// Runs plugin code on a thread of tokio's blocking pool, never on the controller's task.
+///
+/// kube-runtime polls every reconcile of a policy inside one task, and a wasm loop under
+/// `epoch_deadline_trap` never yields: run inline, one parent looping up to its deadline
+/// would freeze the policy's other reconciles and its watches, and they would miss their own
+/// deadlines (review #7a). On its own thread the plugin can only hold that thread; the
+/// deadline still ends it. A panic there (a host bug a plugin provoked) fails this reconcile
+/// instead of killing the controller. The cost, one thread hand-off per decision, is in
+/// BENCHMARKS.md ("Off-task decisions").
+pub async fn off_task<T: Send + 'static>(
+    doing: &str,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, ReconcileError> {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || runtime.block_on(work))
+        .await
+        .map_err(|error| ReconcileError::HostPanicked {
+            doing: doing.to_string(),
+            message: panic_message(error),
+        })
+}
+
+fn panic_message(error: tokio::task::JoinError) -> String {
+    match error.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string()),
+        Err(error) => error.to_string(),
+    }
 }
 
 async fn reconcile(
@@ -215,16 +367,20 @@ async fn reconcile(
     );
     ctx.metrics.reconcile_started(&ctx.policy);
     let finalizer = ctx.finalizer();
-    let has_finalizer = parent.finalizers().contains(&finalizer);
+    let has_own = parent.finalizers().contains(&finalizer);
+    // Finalizers of a policy that is no longer loaded (renamed, unloaded) are this policy's
+    // now: it reconciles the kind, so it finalizes in their stead (review #17).
+    let inherited = ctx.inherited_finalizers(&parent);
     let deleting = parent.meta().deletion_timestamp.is_some();
 
-    if deleting && !has_finalizer {
+    if deleting && !has_own && inherited.is_empty() {
         return Ok(ControllerAction::await_change());
     }
-    if !deleting && plugin.info().wants_finalizer && !has_finalizer {
+    let wants_finalizer = plugin.info().wants_finalizer;
+    if !deleting && ((wants_finalizer && !has_own) || !inherited.is_empty()) {
         // The finalizer goes on before the first decision, so no child can exist without the
         // chance to clean up. The update triggers the next reconcile.
-        ctx.patch_finalizers(&parent, true).await?;
+        ctx.patch_finalizers(&parent, wants_finalizer).await?;
         return Ok(ControllerAction::await_change());
     }
 
@@ -239,22 +395,48 @@ async fn reconcile(
     let started = Instant::now();
     if deleting {
         let doing = format!("finalizing {label}");
-        let decision = plugin.finalize(&observed.observation, scope, &doing).await;
-        ctx.metrics.decision_took(&ctx.policy, started.elapsed());
-        let decision = decision?;
-        ctx.executor
-            .apply_decision(&parent, &observed, decision.actions)
+        let finalized = async {
+            let (observed, decision) = off_task(&doing, {
+                let (plugin, doing) = (plugin.clone(), doing.clone());
+                async move {
+                    let decision = plugin.finalize(&observed.observation, scope, &doing).await;
+                    (observed, decision)
+                }
+            })
             .await?;
+            ctx.metrics.decision_took(&ctx.policy, started.elapsed());
+            let decision = decision?;
+            ctx.executor
+                .for_plugin(plugin.label())
+                .apply_decision(&parent, &observed, decision.actions)
+                .await?;
+            Ok::<_, ReconcileError>((decision.done, decision.requeue_after_ms))
+        };
+        let (done, requeue_after_ms) = match finalized.await {
+            Ok(outcome) => outcome,
+            Err(error) if deleting_for(&parent) > ctx.finalizer_grace => {
+                // A finalize that keeps failing (a trap, a refused action) would hold the
+                // parent, its namespace and its CRD forever: past the grace the host lets go.
+                ctx.release_finalizers(&parent, &format!(
+                    "finalize of {} kept failing for longer than {:?} since the deletion ({}: {error}); the finalizer was removed without its cleanup: check for leftovers",
+                    plugin.label(),
+                    ctx.finalizer_grace,
+                    error.reason()
+                ))
+                .await?;
+                return Ok(ControllerAction::await_change());
+            }
+            Err(error) => return Err(error),
+        };
         ctx.succeeded(&parent);
-        if decision.done {
+        if done {
             ctx.patch_finalizers(&parent, false).await?;
             return Ok(ControllerAction::await_change());
         }
-        return Ok(ControllerAction::requeue(
-            decision
-                .requeue_after_ms
-                .map_or(Duration::from_secs(5), Duration::from_millis),
-        ));
+        return Ok(ControllerAction::requeue(requeue_delay(
+            requeue_after_ms,
+            FINALIZE_RETRY,
+        )));
     }
 
     // A shadow of this kind decides on the same observation, with this run's app-call answers.
@@ -265,7 +447,14 @@ async fn reconcile(
         None => scope,
     };
     let doing = format!("reconciling {label}");
-    let decision = plugin.reconcile(&observed.observation, scope, &doing).await;
+    let (observed, decision) = off_task(&doing, {
+        let (plugin, doing) = (plugin.clone(), doing.clone());
+        async move {
+            let decision = plugin.reconcile(&observed.observation, scope, &doing).await;
+            (observed, decision)
+        }
+    })
+    .await?;
     ctx.metrics.decision_took(&ctx.policy, started.elapsed());
     if let (Some(candidate), Some(recorder)) = (shadow, recorder) {
         ctx.shadow(
@@ -286,14 +475,14 @@ async fn reconcile(
         "decided"
     );
     ctx.executor
+        .for_plugin(plugin.label())
         .apply_decision(&parent, &observed, decision.actions)
         .await?;
     ctx.succeeded(&parent);
-    Ok(ControllerAction::requeue(
-        decision
-            .requeue_after_ms
-            .map_or(DEFAULT_RESYNC, Duration::from_millis),
-    ))
+    Ok(ControllerAction::requeue(requeue_delay(
+        decision.requeue_after_ms,
+        DEFAULT_RESYNC,
+    )))
 }
 
 fn error_policy(
@@ -353,32 +542,52 @@ impl PolicyController {
         active_decision: ComparableDecision,
         recording: AppCallRecorder,
     ) {
+        let shadow_label = candidate.plugin.label().to_string();
+        // At most SHADOW_RUNS_IN_FLIGHT shadows of this policy run at once: a shadow only
+        // compares, so under load it is dropped (and counted), never queued (review #7b).
+        let Ok(slot) = self.shadow_slots.clone().try_acquire_owned() else {
+            self.metrics
+                .shadow_compared(&self.policy, &shadow_label, "dropped");
+            return;
+        };
         let parent = parent.clone();
         let active = active.to_string();
         let executor = self.executor.clone();
         let metrics = self.metrics.clone();
         let policy = self.policy.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let label = format!(
                 "{}/{}",
                 parent.namespace().unwrap_or_default(),
                 parent.name_any()
             );
-            let comparison = shadow::run_candidate(
-                &candidate.plugin,
-                &observation,
-                label.clone(),
-                &active_decision,
-                &recording,
-            )
+            let doing = format!("running shadow {shadow_label} for {label}");
+            let comparison = off_task(&doing, {
+                let label = label.clone();
+                async move {
+                    shadow::run_candidate(
+                        &candidate.plugin,
+                        &observation,
+                        label,
+                        &active_decision,
+                        &recording,
+                    )
+                    .await
+                }
+            })
             .await;
-            let shadow_label = candidate.plugin.label();
+            let shadow_label = shadow_label.as_str();
             match comparison {
-                Comparison::Same => {
+                Err(error) => {
+                    metrics.shadow_compared(&policy, shadow_label, "failed");
+                    tracing::warn!(parent = %label, shadow = shadow_label, %error, "shadow run failed");
+                }
+                Ok(Comparison::Same) => {
                     metrics.shadow_compared(&policy, shadow_label, "same");
                     tracing::debug!(parent = %label, active = %active, shadow = shadow_label, "shadow decided the same");
                 }
-                Comparison::Different(diff) => {
+                Ok(Comparison::Different(diff)) => {
                     metrics.shadow_compared(&policy, shadow_label, "different");
                     tracing::info!(parent = %label, active = %active, shadow = shadow_label, %diff, "shadow decided differently");
                     let event = Event {
@@ -404,17 +613,56 @@ impl PolicyController {
             .remove(&key);
     }
 
-    /// Adds or removes this policy's finalizer on the parent.
+    /// The parent's `policy-host.io/<name>` finalizers whose policy is not loaded.
+    fn inherited_finalizers(&self, parent: &DynamicObject) -> Vec<String> {
+        parent
+            .finalizers()
+            .iter()
+            .filter(|f| {
+                f.strip_prefix(FINALIZER_PREFIX).is_some_and(|name| {
+                    name != self.policy && !name.is_empty() && self.store.get(name).is_none()
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Removes this policy's and the inherited finalizers, with a Warning Event saying why.
+    async fn release_finalizers(
+        &self,
+        parent: &DynamicObject,
+        why: &str,
+    ) -> Result<(), ReconcileError> {
+        tracing::warn!(
+            policy = %self.policy,
+            parent = %format!("{}/{}", parent.namespace().unwrap_or_default(), parent.name_any()),
+            "{why}"
+        );
+        self.patch_finalizers(parent, false).await?;
+        let event = Event {
+            event_type: EventType::Warning,
+            reason: "FinalizerReleased".to_string(),
+            message: why.to_string(),
+        };
+        if let Err(error) = self.executor.record_event(parent, event).await {
+            tracing::warn!(%error, "could not record the FinalizerReleased Event");
+        }
+        Ok(())
+    }
+
+    /// Sets this policy's finalizer on the parent (`add`) or removes it; inherited finalizers
+    /// of policies that are no longer loaded are removed either way.
     async fn patch_finalizers(
         &self,
         parent: &DynamicObject,
         add: bool,
     ) -> Result<(), ReconcileError> {
         let finalizer = self.finalizer();
+        let inherited = self.inherited_finalizers(parent);
         let mut finalizers: Vec<String> = parent
             .finalizers()
             .iter()
-            .filter(|f| **f != finalizer)
+            .filter(|f| **f != finalizer && !inherited.contains(f))
             .cloned()
             .collect();
         if add {
@@ -446,5 +694,26 @@ impl PolicyController {
                 source,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requeue_of_zero_waits_the_floor() {
+        assert_eq!(requeue_delay(Some(0), DEFAULT_RESYNC), MIN_REQUEUE);
+        assert_eq!(requeue_delay(Some(999), DEFAULT_RESYNC), MIN_REQUEUE);
+    }
+
+    #[test]
+    fn a_requeue_above_the_floor_is_kept_and_none_means_the_default() {
+        assert_eq!(
+            requeue_delay(Some(2_500), DEFAULT_RESYNC),
+            Duration::from_millis(2_500)
+        );
+        assert_eq!(requeue_delay(None, DEFAULT_RESYNC), DEFAULT_RESYNC);
+        assert_eq!(requeue_delay(None, FINALIZE_RETRY), FINALIZE_RETRY);
     }
 }

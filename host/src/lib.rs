@@ -26,6 +26,7 @@ pub mod leader;
 pub mod load;
 pub mod metrics;
 pub mod observe;
+pub mod orphans;
 pub mod plugin_cli;
 pub mod policy_store;
 pub mod shadow;
@@ -38,7 +39,7 @@ use std::path::PathBuf;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use kube::Client;
 
-use crate::admin::Readiness;
+use crate::admin::Health;
 use crate::controller::ControllerOptions;
 use crate::decide::{Limits, Sandbox};
 use crate::leader::{Leadership, LeaseElector, LeaseSettings, LostLease};
@@ -166,11 +167,11 @@ pub async fn run(
     }
 
     let metrics = Metrics::new();
-    let readiness = Readiness::default();
+    let health = Health::default();
     let mut admin_addr = None;
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = settings.admin_addr {
-        let (bound, server) = admin::serve(addr, metrics.clone(), readiness.clone(), store.clone())
+        let (bound, server) = admin::serve(addr, metrics.clone(), health.clone(), store.clone())
             .await
             .map_err(|source| HostError::Admin { addr, source })?;
         admin_addr = Some(bound);
@@ -183,19 +184,18 @@ pub async fn run(
                 },
                 () = stop => {}
             }
+            "the admin endpoint"
         });
     }
 
     let (mut elector, leadership) = match settings.leader_election.clone() {
         Some(lease) => {
             let (elector, leadership) = LeaseElector::new(client.clone(), lease);
+            health.standby(true);
             (Some(elector), leadership)
         }
         None => (None, Leadership::always()),
     };
-    // A standby is ready: it serves and waits. Were it not, a rolling update of two replicas
-    // would never finish, since the new pod cannot lead before the old one goes.
-    readiness.set_ready();
     on_started(&Running {
         store: store.clone(),
         metrics: metrics.clone(),
@@ -210,6 +210,7 @@ pub async fn run(
                 return Ok(());
             }
         }
+        health.standby(false);
     }
 
     // Leading: everything that writes starts now. `stop` ends it on shutdown; a lost Lease
@@ -220,14 +221,17 @@ pub async fn run(
     }
     .boxed()
     .shared();
-    let mut leading = tokio::task::JoinSet::new();
-    leading.spawn(supervisor::supervise(
-        client.clone(),
-        store.clone(),
-        metrics.clone(),
-        settings.controller.clone(),
-        stop.clone(),
-    ));
+    tasks.spawn(
+        supervisor::supervise(
+            client.clone(),
+            store.clone(),
+            metrics.clone(),
+            health.clone(),
+            settings.controller.clone(),
+            stop.clone(),
+        )
+        .map(|()| "the controller supervisor"),
+    );
     if let Some(namespace) = settings.plugin_namespace.clone() {
         let source = ConfigMapSource::new(
             client.clone(),
@@ -240,41 +244,68 @@ pub async fn run(
                 concurrency: settings.controller.concurrency,
             },
         );
-        leading.spawn(source.run(stop.clone()));
-        leading.spawn(load::status::publish(
-            client.clone(),
-            namespace,
-            store.clone(),
-            stop.clone(),
-        ));
+        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+        let loaded = health.clone();
+        tokio::spawn(async move {
+            if listed_rx.await.is_ok() {
+                loaded.plugins_loaded();
+            }
+        });
+        tasks.spawn(
+            source
+                .on_first_list(listed_tx)
+                .run(stop.clone())
+                .map(|()| "the plugin ConfigMap watch"),
+        );
+        tasks.spawn(
+            load::status::publish(client.clone(), namespace, store.clone(), stop.clone())
+                .map(|()| "the load status publisher"),
+        );
+    } else {
+        health.plugins_loaded();
     }
-
-    let lost = match elector.as_mut() {
-        Some(elector) => tokio::select! {
-            lost = elector.hold() => Some(lost),
-            () = shutdown.clone() => None,
-        },
-        None => {
-            shutdown.clone().await;
-            None
+    // A task that ends before shutdown (or panics) leaves the host without a part it needs:
+    // `/healthz` fails so that the kubelet restarts the host (review #20).
+    let mut stopping = shutdown.clone();
+    let lost: Option<LostLease> = loop {
+        let hold = async {
+            match elector.as_mut() {
+                Some(elector) => elector.hold().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut stopping => break None,
+            lost = hold => break Some(lost),
+            ended = tasks.join_next() => match ended {
+                None => {
+                    (&mut stopping).await;
+                    break None;
+                }
+                Some(Ok(task)) => {
+                    tracing::error!(task, "a host task ended before shutdown; /healthz now fails");
+                    health.task_ended(format!("{task} ended"));
+                }
+                Some(Err(error)) => {
+                    tracing::error!(%error, "a host task panicked; /healthz now fails");
+                    health.task_ended(format!("a host task panicked: {error}"));
+                }
+            },
         }
     };
     if let Some(lost) = lost {
         // Not a graceful stop: another replica may lead within the lease duration, so every
-        // task that writes is aborted now (dropping the sets aborts them; a process exit, which
-        // the binary does next, ends the controllers they started).
-        leading.abort_all();
+        // task is aborted now (the supervisor aborts its controllers as it drops).
         tasks.abort_all();
         return Err(HostError::LeadershipLost(lost));
     }
     tracing::info!("shutting down: no new reconciles; finishing those in flight");
     let _ = stop_tx.send(());
-    while leading.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
     if let Some(elector) = elector.as_mut()
         && let Err(error) = elector.release().await
     {
         tracing::warn!(%error, "could not release the Lease; a standby takes over when it expires");
     }
-    while tasks.join_next().await.is_some() {}
     Ok(())
 }

@@ -246,6 +246,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 controller: ControllerOptions {
                     concurrency,
                     namespace,
+                    ..ControllerOptions::default()
                 },
                 leader_election: match lease_namespace.filter(|_| leader_election) {
                     Some(lease_namespace) => Some(LeaseSettings::new(

@@ -1,7 +1,8 @@
 //! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
 //! controllers, shadow comparisons, in Prometheus text.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,17 @@ struct LoadLabels {
     outcome: String,
 }
 
+/// Distinct `reason` label values kept per policy. Refusal reasons are the plugin's own text,
+/// so without a bound a plugin could mint one series per reconcile (review #16); past the
+/// bound, new reasons count under [`OTHER_REASON`].
+pub const MAX_REASONS_PER_POLICY: usize = 32;
+
+/// The `reason` label of failures whose reason is past [`MAX_REASONS_PER_POLICY`].
+pub const OTHER_REASON: &str = "OtherReason";
+
+/// The longest `reason` label value, in bytes (longer ones are cut at a character boundary).
+const MAX_REASON_BYTES: usize = 64;
+
 /// The host's metrics. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -45,6 +57,9 @@ pub struct Metrics {
     plugin_loads: Family<LoadLabels, Counter>,
     controllers: Family<PolicyLabels, Gauge>,
     shadow_decisions: Family<ShadowLabels, Counter>,
+    controller_restarts: Family<PolicyLabels, Counter>,
+    /// The `reason` values seen per policy, to bound the series.
+    reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
 }
 
 impl Default for Metrics {
@@ -93,11 +108,19 @@ impl Metrics {
         let shadow_decisions = Family::<ShadowLabels, Counter>::default();
         registry.register(
             "shadow_decisions",
-            "Decisions of a shadow plugin compared with the active one's, per outcome (same, different)",
+            "Decisions of a shadow plugin compared with the active one's, per outcome (same, different; dropped when too many shadow runs were in flight, failed when the run itself failed)",
             shadow_decisions.clone(),
+        );
+        let controller_restarts = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "controller_restarts",
+            "Controllers restarted by the supervisor after they ended on their own (a panic or a lost watch)",
+            controller_restarts.clone(),
         );
         Self {
             registry: Arc::new(registry),
+            controller_restarts,
+            reasons: Arc::new(Mutex::new(HashMap::new())),
             shadow_decisions,
             reconciles,
             errors,
@@ -116,12 +139,41 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a failed reconcile.
+    /// Counts a failed reconcile. At most [`MAX_REASONS_PER_POLICY`] reasons get their own
+    /// series per policy.
     pub fn reconcile_failed(&self, policy: &str, reason: &str) {
+        let reason = self.bounded_reason(policy, reason);
         self.errors
             .get_or_create(&ErrorLabels {
                 policy: policy.into(),
-                reason: reason.into(),
+                reason,
+            })
+            .inc();
+    }
+
+    fn bounded_reason(&self, policy: &str, reason: &str) -> String {
+        let mut cut = reason.len().min(MAX_REASON_BYTES);
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let reason = &reason[..cut];
+        let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = reasons.entry(policy.to_string()).or_default();
+        if seen.contains(reason) {
+            return reason.to_string();
+        }
+        if seen.len() >= MAX_REASONS_PER_POLICY {
+            return OTHER_REASON.to_string();
+        }
+        seen.insert(reason.to_string());
+        reason.to_string()
+    }
+
+    /// Counts a restart of the controller of `policy` after it ended on its own.
+    pub fn controller_restarted(&self, policy: &str) {
+        self.controller_restarts
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
             })
             .inc();
     }
@@ -177,6 +229,34 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thousand_plugin_reasons_make_a_bounded_number_of_series() {
+        let metrics = Metrics::new();
+        for n in 0..1000 {
+            metrics.reconcile_failed("etcd", &format!("Reason{n}"));
+        }
+        metrics.reconcile_failed("etcd", &"é".repeat(100));
+        let text = metrics.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("policy_host_reconcile_errors_total{"))
+            .count();
+        assert_eq!(series, MAX_REASONS_PER_POLICY + 1, "{text}");
+        assert!(
+            text.contains(&format!(
+                "policy_host_reconcile_errors_total{{policy=\"etcd\",reason=\"{OTHER_REASON}\"}} 969"
+            )),
+            "{text}"
+        );
+        // A reason seen before the bound keeps its own series.
+        metrics.reconcile_failed("etcd", "Reason0");
+        assert!(
+            metrics
+                .render()
+                .contains("policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"Reason0\"} 2")
+        );
+    }
 
     #[test]
     fn rendered_text_names_each_policy() {

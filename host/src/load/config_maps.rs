@@ -134,6 +134,8 @@ pub struct ConfigMapSource {
     defaults: PackDefaults,
     recorder: Recorder,
     known: HashMap<String, Known>,
+    /// Told once the first list is loaded.
+    first_listed: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// The source label of a ConfigMap in logs, metrics and the store.
@@ -164,7 +166,14 @@ impl ConfigMapSource {
             metrics,
             defaults,
             known: HashMap::new(),
+            first_listed: None,
         }
+    }
+
+    /// Sends on `listed` once the first list of plugin ConfigMaps is loaded (readiness).
+    pub fn on_first_list(mut self, listed: tokio::sync::oneshot::Sender<()>) -> Self {
+        self.first_listed = Some(listed);
+        self
     }
 
     /// Watches until `shutdown` resolves.
@@ -204,6 +213,9 @@ impl ConfigMapSource {
                         .collect();
                     for name in gone {
                         self.deleted(&name, None).await;
+                    }
+                    if let Some(listed) = self.first_listed.take() {
+                        let _ = listed.send(());
                     }
                 }
                 Some(Ok(watcher::Event::Apply(cm))) => self.applied(&cm).await,

@@ -111,6 +111,7 @@ impl HostUnderTest {
             controller: policy_host::controller::ControllerOptions {
                 concurrency: 4,
                 namespace: Some(namespace.to_string()),
+                ..Default::default()
             },
             leader_election: None,
         })
@@ -118,7 +119,12 @@ impl HostUnderTest {
 
     /// Starts the host with `settings`.
     pub async fn start_with(env: &TestEnv, settings: Settings) -> anyhow::Result<Self> {
-        let client = env.client().await?;
+        Self::start_with_client(env.client().await?, settings).await
+    }
+
+    /// Starts the host with `settings`, talking to the API server through `client` (a test
+    /// may wrap the client's service, e.g. to delay some requests).
+    pub async fn start_with_client(client: Client, settings: Settings) -> anyhow::Result<Self> {
         let (stop, stopped) = oneshot::channel::<()>();
         let (started_tx, started_rx) = oneshot::channel();
         let task = tokio::spawn(async move {

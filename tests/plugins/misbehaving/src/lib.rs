@@ -1,7 +1,8 @@
 //! A test plugin that behaves well or badly on request, to prove the host contains each kind
 //! of misbehaviour within its limits. The parent's `spec.behaviour` picks what it does:
 //!
-//! - `ok` (default): applies a ConfigMap `<parent>-out` and sets `status.observedChildren`;
+//! - `ok` (default): applies a ConfigMap `<parent>-out` and sets `status.observedChildren`
+//!   (and `status.firstObservedChildren`, kept from the first observation after status is cleared);
 //! - `loop`: spins forever (deadline);
 //! - `memory`: allocates until it is stopped (memory cap);
 //! - `output`: returns a decision of `spec.outputBytes` bytes (output cap);
@@ -9,6 +10,8 @@
 //! - `refuse`: returns a policy error;
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
 //! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status.
+//!
+//! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
 //! Its version is `MISBEHAVING_POLICY_VERSION` at build time (default: the crate version), and
 //! `ok` writes it into `status.pluginVersion`, so a hot-swap test can tell which build decided
@@ -151,8 +154,15 @@ mod plugin {
                         "metadata": { "name": format!("{name}-out") },
                         "data": { "behaviour": behaviour, "now": observation.now.seconds.to_string() },
                     });
+                    // The count of the first observation since `status` was last cleared:
+                    // a host that decided on a partial view (children not yet listed) leaves
+                    // a lower number here than `observedChildren` later shows.
+                    let first = parent["status"]["firstObservedChildren"]
+                        .as_u64()
+                        .unwrap_or(observation.children.len() as u64);
                     let status = json!({
                         "observedChildren": observation.children.len(),
+                        "firstObservedChildren": first,
                         "pluginVersion": VERSION,
                     });
                     Ok(Decision {
@@ -171,7 +181,12 @@ mod plugin {
             }
         }
 
-        fn finalize(_observation: Observation) -> Result<FinalizeDecision, PolicyError> {
+        fn finalize(observation: Observation) -> Result<FinalizeDecision, PolicyError> {
+            let parent: Value = serde_json::from_str(&observation.parent)
+                .map_err(|e| refuse("BadParent", format!("parent is not JSON: {e}")))?;
+            if parent["spec"]["finalize"].as_str() == Some("trap") {
+                panic!("deliberate trap while finalizing");
+            }
             Ok(FinalizeDecision {
                 actions: Vec::new(),
                 done: true,
