@@ -345,7 +345,7 @@ impl Executor {
         let controlled = observed
             .owned
             .get(&declared.to_string())
-            .is_some_and(|names| names.iter().any(|n| n == name));
+            .is_some_and(|names| names.contains_key(name));
         if !controlled {
             return Err(self.refused(format!(
                 "it deleted {kind} `{name}`, which its parent does not control"

@@ -3,7 +3,9 @@
 //!
 //! Children come from the controller's own watch caches (one reflector per declared child
 //! kind, filtered by the label the host puts on everything it applies), so an observation costs
-//! no API call.
+//! no API call. A child is the parent's when it lives in the parent's namespace and its
+//! controller reference carries the parent's uid: the caches are cluster-wide, and anyone who
+//! may create objects in another namespace can write any uid into an owner reference.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -32,8 +34,9 @@ pub struct Observed {
     pub observation: Observation,
     /// Pods the parent controls, by name, for app-calls.
     pub pods: HashMap<String, PodEndpoint>,
-    /// Names of the children the parent controls, per kind (`plural.apiVersion`).
-    pub owned: HashMap<String, Vec<String>>,
+    /// The children the parent controls, per kind (`plural.apiVersion`): uid by name. Deletes
+    /// and applies carry the uid, so they act on the object observed and no other.
+    pub owned: HashMap<String, HashMap<String, String>>,
 }
 
 /// Builds the observation of `parent` from the child caches.
@@ -42,14 +45,15 @@ pub fn observe(
     caches: &[ChildCache],
 ) -> Result<Observed, serde_json::Error> {
     let parent_uid = parent.uid().unwrap_or_default();
+    let namespace = parent.namespace();
     let mut children = Vec::new();
     let mut pods = HashMap::new();
-    let mut owned: HashMap<String, Vec<String>> = HashMap::new();
+    let mut owned: HashMap<String, HashMap<String, String>> = HashMap::new();
     for cache in caches {
         // Filtered under the store's read lock: no clone of every cached object's handle.
-        let mut objects = cache
-            .store
-            .state_filter(|child| is_controlled_by(child, &parent_uid));
+        let mut objects = cache.store.state_filter(|child| {
+            child.namespace() == namespace && is_controlled_by(child, &parent_uid)
+        });
         // A stable order, so the same world gives the plugin the same observation.
         objects.sort_by_key(|o| o.name_any());
         for object in objects {
@@ -60,7 +64,7 @@ pub fn observe(
             owned
                 .entry(cache.kind.to_string())
                 .or_default()
-                .push(object.name_any());
+                .insert(object.name_any(), object.uid().unwrap_or_default());
             children.push(Child {
                 kind: cache.kind.clone(),
                 object: json,
@@ -155,5 +159,80 @@ mod tests {
             assert_eq!(got.ip, want.ip, "{situation}");
             assert_eq!(got.named_ports, want.named_ports, "{situation}");
         }
+    }
+
+    fn object(value: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(value).expect("a valid object")
+    }
+
+    fn pod(namespace: &str, name: &str, controller_uid: &str) -> DynamicObject {
+        object(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
+                "ownerReferences": [{"apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                    "name": "parent", "uid": controller_uid, "controller": true}],
+            },
+            "spec": {"containers": [{"name": "app"}]},
+        }))
+    }
+
+    fn pod_cache(pods: Vec<DynamicObject>) -> ChildCache {
+        let resource = ApiResource::erase::<Pod>(&());
+        let mut writer = kube::runtime::reflector::store::Writer::new(resource.clone());
+        for pod in pods {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
+        }
+        ChildCache {
+            kind: KindRef {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "Pod".into(),
+                plural: "pods".into(),
+                namespaced: true,
+            },
+            resource,
+            store: writer.as_reader(),
+        }
+    }
+
+    /// A labelled Pod in another namespace whose controller reference carries the parent's uid
+    /// (anyone who may create Pods there can write one) is not the parent's child: it must not
+    /// reach the plugin, the app-call scope, or the names deletes are allowed for.
+    #[test]
+    fn children_in_another_namespace_are_not_observed_even_with_the_parents_uid() {
+        let parent = object(serde_json::json!({
+            "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+            "metadata": {"name": "parent", "namespace": "team-a", "uid": "parent-uid"},
+        }));
+        let cache = pod_cache(vec![
+            pod("team-a", "db-0", "parent-uid"),
+            pod("team-b", "db-0", "parent-uid"),
+            pod("team-b", "intruder", "parent-uid"),
+            pod("team-a", "other", "someone-elses-uid"),
+        ]);
+        let observed = observe(&parent, &[cache]).expect("observation encodes");
+        let namespaces: Vec<String> = observed
+            .observation
+            .children
+            .iter()
+            .map(|c| {
+                let child: serde_json::Value = serde_json::from_str(&c.object).expect("json");
+                format!(
+                    "{}/{}",
+                    child["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    child["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        assert_eq!(namespaces, ["team-a/db-0"]);
+        assert_eq!(observed.pods.keys().collect::<Vec<_>>(), ["db-0"]);
+        let owned_pods = &observed.owned["pods.v1"];
+        assert_eq!(owned_pods.len(), 1, "{owned_pods:?}");
+        assert_eq!(
+            owned_pods.get("db-0").map(String::as_str),
+            Some("uid-team-a-db-0"),
+            "the observed uid goes with the name"
+        );
     }
 }
