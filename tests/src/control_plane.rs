@@ -181,8 +181,17 @@ impl ControlPlane {
         self.wait_ready(options.ready_timeout).await?;
 
         if options.controller_manager {
+            // A real node is registered with the not-ready taint; the node lifecycle
+            // controller lifts it once the kubelet reports Ready (the pod runner's Node has no
+            // kubelet heartbeat, so it stays off there).
+            let real_node = options.node_ip.is_some();
             let controllers = std::iter::once("*".to_owned())
-                .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
+                .chain(
+                    DISABLED_CONTROLLERS
+                        .iter()
+                        .filter(|c| !(real_node && **c == "node-lifecycle-controller"))
+                        .map(|c| format!("-{c}")),
+                )
                 .collect::<Vec<_>>()
                 .join(",");
             let mut kcm = guarded_command(binaries.kube_controller_manager());

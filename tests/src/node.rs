@@ -521,17 +521,26 @@ authorization:
                     return Err(process.failure(format!("exited during node startup ({status})")));
                 }
             }
+            // Ready, and schedulable: the not-ready taint it registers with is lifted.
             let node_ready = nodes
                 .get_opt(NODE_NAME)
                 .await
                 .ok()
                 .flatten()
                 .is_some_and(|node| {
-                    node.status
+                    let untainted = node
+                        .spec
+                        .and_then(|s| s.taints)
+                        .unwrap_or_default()
+                        .iter()
+                        .all(|t| t.key != "node.kubernetes.io/not-ready");
+                    let ready = node
+                        .status
                         .and_then(|s| s.conditions)
                         .unwrap_or_default()
                         .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    ready && untainted
                 });
             let answers = |port: u16, path: &'static str| {
                 let http = http.clone();
@@ -546,7 +555,7 @@ authorization:
             let proxy = answers(proxy_healthz, "/healthz").await;
             waiting_for = match (node_ready, dns, proxy) {
                 (true, true, true) => return Ok(()),
-                (false, _, _) => ("kubelet", "the node to be Ready"),
+                (false, _, _) => ("kubelet", "the node to be Ready and untainted"),
                 (_, false, _) => ("coredns", "CoreDNS to be ready"),
                 (_, _, false) => ("kube-proxy", "kube-proxy's first sync"),
             };
