@@ -2,24 +2,13 @@
 //! `deploy/Dockerfile` with the binaries built here, and `kubectl` (from the cache) running the
 //! README's commands against the shared node environment.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use policy_host_testenv::NodeEnv;
-use policy_host_testenv::images::DockerfileImage;
+use policy_host_testenv::{NodeEnv, install};
 
 use crate::repo_root;
-
-/// The image `deploy/deployment.yaml` runs.
-pub fn deployment_image() -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(repo_root().join("deploy/deployment.yaml"))?;
-    let deployment: serde_json::Value = serde_yaml::from_str(&text)?;
-    deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("deploy/deployment.yaml names no container image"))
-}
 
 /// Builds the `policy-host` binary (dev profile) once per process and returns its path.
 ///
@@ -64,44 +53,34 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"))
 }
 
-/// Makes the host's image as `deploy/Dockerfile` describes it (the final stage's files, user,
-/// entrypoint and command; the base's CA bundle) under the name `deploy/deployment.yaml` uses,
-/// and imports it into the node.
+/// Makes the host's image as `deploy/Dockerfile` describes it, under the name
+/// `deploy/deployment.yaml` uses, imports it into the node, and returns the name.
 pub fn load_host_image(env: &NodeEnv) -> anyhow::Result<String> {
-    let dockerfile = DockerfileImage::parse(&std::fs::read_to_string(
-        repo_root().join("deploy/Dockerfile"),
-    )?)?;
     let host = host_binary()?;
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let name = deployment_image()?;
-    let spec = dockerfile.image_spec(&name, |source| match source {
-        "/src/target/release/policy-host" => Some(host.clone()),
-        "/src/target/wasm32-wasip2/plugin/guest_etcd.wasm" => Some(plugin.clone()),
-        _ => None,
-    })?;
+    let spec = install::host_image(&repo_root(), &host, &plugin)?;
     env.load_image(&spec)?;
-    Ok(name)
+    Ok(spec.name)
 }
 
 /// Runs the cache's kubectl with the environment's kubeconfig, from the repository root (so
 /// the README's relative paths work), and returns its standard output.
 pub fn kubectl(env: &NodeEnv, args: &[&str]) -> anyhow::Result<String> {
-    kubectl_in(env, &repo_root(), args)
+    Ok(install::run_kubectl(
+        &repo_root(),
+        &env.binaries().kubectl(),
+        env.kubeconfig_path(),
+        args,
+    )?)
 }
 
-fn kubectl_in(env: &NodeEnv, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(env.binaries().kubectl())
-        .current_dir(dir)
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .args(args)
-        .output()?;
-    if !output.status.success() {
-        anyhow::bail!(
-            "kubectl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+/// Runs the README's install commands as written (see
+/// [`policy_host_testenv::install::run_readme_install`]); returns the lines run.
+pub fn run_readme_install(env: &NodeEnv) -> anyhow::Result<Vec<String>> {
+    Ok(install::run_readme_install(
+        &repo_root(),
+        &env.binaries().kubectl(),
+        env.kubeconfig_path(),
+    )?)
 }

@@ -12,30 +12,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, DynamicObject, ListParams};
 use policy_host_e2e::etcd::{etcd_clusters, eventually};
-use policy_host_e2e::install::{kubectl, load_host_image};
-use policy_host_e2e::repo_root;
+use policy_host_e2e::install::{kubectl, load_host_image, run_readme_install};
 use policy_host_testenv::shared_node;
 
 const CONVERGE: Duration = Duration::from_secs(300);
-
-/// The shell lines of the README's "Running the host in a cluster" block, without comments.
-fn readme_install_commands() -> anyhow::Result<Vec<String>> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md"))?;
-    let section = readme
-        .split("## Running the host in a cluster")
-        .nth(1)
-        .ok_or_else(|| anyhow::anyhow!("README.md has no \"Running the host in a cluster\""))?;
-    let block = section
-        .split("```sh")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .ok_or_else(|| anyhow::anyhow!("the README's install section has no ```sh block"))?;
-    Ok(block
-        .lines()
-        .map(|line| line.split(" #").next().unwrap_or(line).trim().to_owned())
-        .filter(|line| !line.is_empty())
-        .collect())
-}
 
 #[tokio::test]
 async fn readme_install_runs_the_host_as_a_pod_and_the_example_cluster_converges()
@@ -46,27 +26,12 @@ async fn readme_install_runs_the_host_as_a_pod_and_the_example_cluster_converges
     let image = load_host_image(env)?;
     let started = Instant::now();
 
-    let commands = readme_install_commands()?;
+    let ran = run_readme_install(env)?;
     assert!(
-        commands
-            .iter()
+        ran.iter()
             .any(|c| c.starts_with("kubectl apply -f deploy/deployment.yaml")),
-        "the README installs the Deployment: {commands:?}"
+        "the README installs the Deployment: {ran:?}"
     );
-    for command in &commands {
-        let words: Vec<&str> = command.split_whitespace().collect();
-        match words.as_slice() {
-            // The image is made locally from the same Dockerfile (load_host_image above).
-            ["docker", "build", ..] => continue,
-            ["kubectl", "get", ..] => continue,
-            ["kubectl", args @ ..] => {
-                kubectl(env, args)?;
-            }
-            _ => anyhow::bail!(
-                "the README's install block runs `{command}`, which this suite does not know"
-            ),
-        }
-    }
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "policy-host");
     let host_pods: Api<Pod> = Api::namespaced(client.clone(), "policy-host");
