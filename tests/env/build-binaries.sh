@@ -14,8 +14,14 @@
 # mod@version` builds each into its own cache directory (cold: ~5 min each on 2 cores). They
 # are not part of `all`: only the S3 backup test needs them, and it builds them on demand.
 #
-# Usage: build-binaries.sh                     # kube, etcd and redis of versions.env
-#        build-binaries.sh kube|etcd|redis|s3  # one family
+# The node family is what a real Kubernetes node needs beside the control plane: kubelet,
+# kube-proxy and kube-scheduler (same wrapper module as kube-apiserver), containerd with its
+# runc shim and `ctr`, runc (built with seccomp, cgo), CoreDNS, the pod sandbox program
+# (`pause.c`, static) and, from Debian with apt, the CNI plugins and nftables (kube-proxy's
+# backend). Cold on 2 cores with the kube build cache warm: about 8 minutes (BENCHMARKS.md).
+#
+# Usage: build-binaries.sh                          # kube, etcd, redis and node of versions.env
+#        build-binaries.sh kube|etcd|redis|node|s3  # one family
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -67,12 +73,14 @@ wrapper_module() {
   printf 'package build\n' >"$dir/doc.go"
 }
 
+# Builds the commands $1 (space-separated, from k8s.io/kubernetes/cmd) that are missing.
 build_kube() {
+  local commands=${1:-kube-apiserver kube-controller-manager kubectl}
   local out="$cache/bin/kubernetes-$KUBERNETES_VERSION"
-  local commands="kube-apiserver kube-controller-manager kubectl" missing="" cmd
+  local missing="" cmd
   for cmd in $commands; do [ -x "$out/$cmd" ] || missing="$missing $cmd"; done
   if [ -z "$missing" ]; then
-    say "kubernetes $KUBERNETES_VERSION: cached in $out"; return
+    say "kubernetes $KUBERNETES_VERSION ($commands): cached in $out"; return
   fi
   need_go
   local staging="v0.${KUBERNETES_VERSION#v1.}"
@@ -173,17 +181,99 @@ build_s3() {
   install_go_program mc github.com/minio/mc "$MC_VERSION"
 }
 
+# Installs Debian packages $2.. unless the file $1 already exists (root needed for apt).
+apt_install() {
+  local marker=$1; shift
+  [ -e "$marker" ] && return
+  if [ "$(id -u)" != 0 ]; then
+    say "$marker is missing: run 'apt-get install $*' as root (or rerun this as root)"; exit 1
+  fi
+  say "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >/dev/null \
+    || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >/dev/null; } \
+    || { say "could not install $* with apt-get"; exit 1; }
+}
+
+# containerd, its runc shim and ctr: plain `go install` (no replace directives); the storage
+# drivers this setup never uses (btrfs, devmapper, zfs) are left out, which also keeps cgo out.
+build_containerd() {
+  local out="$cache/bin/containerd-$CONTAINERD_VERSION"
+  if [ -x "$out/containerd" ] && [ -x "$out/containerd-shim-runc-v2" ] && [ -x "$out/ctr" ]; then
+    say "containerd $CONTAINERD_VERSION: cached in $out"; return
+  fi
+  need_go
+  say "containerd $CONTAINERD_VERSION: go install containerd, containerd-shim-runc-v2, ctr (cold: ~2.5 min)"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  local module=github.com/containerd/containerd/v2 cmd
+  for cmd in containerd containerd-shim-runc-v2 ctr; do
+    GOBIN="$out.tmp" GOFLAGS= with_heartbeat "$cmd" go install -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+      -ldflags "-s -w -X $module/version.Version=$CONTAINERD_VERSION" "$module/cmd/$cmd@$CONTAINERD_VERSION"
+  done
+  echo "$CONTAINERD_VERSION" >"$out.tmp/VERSION"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "containerd $CONTAINERD_VERSION: done -> $out"
+}
+
+# runc with seccomp (the kubelet's RuntimeDefault profile needs it), so cgo and libseccomp.
+# `go install runc@version` refuses runc's replace directive, so it is built inside its own
+# downloaded module (read-only; -o writes elsewhere). Debian's runc 1.1 fails containerd 2.x.
+build_runc() {
+  local out="$cache/bin/runc-$RUNC_VERSION"
+  if [ -x "$out/runc" ]; then
+    say "runc $RUNC_VERSION: cached in $out"; return
+  fi
+  need_go
+  apt_install /usr/include/seccomp.h libseccomp-dev pkg-config
+  local src
+  src=$(GOFLAGS= go mod download -json "github.com/opencontainers/runc@$RUNC_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [ -n "$src" ] || { say "could not download runc $RUNC_VERSION from the Go module proxy"; exit 1; }
+  say "runc $RUNC_VERSION: building with seccomp (cold: ~30 s)"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  ( cd "$src" && CGO_ENABLED=1 GOFLAGS= with_heartbeat runc go build -trimpath -tags seccomp \
+      -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" -o "$out.tmp/runc" . )
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "runc $RUNC_VERSION: done -> $out"
+}
+
+# The pod sandbox's one process, from pause.c beside this script, linked statically so its
+# image needs no libraries. Keyed by the source's hash: an edit rebuilds it.
+build_pause() {
+  local sum out
+  sum=$(sha256sum "$here/pause.c" | cut -c1-12)
+  out="$cache/bin/pause-$sum"
+  if [ -x "$out/pause" ]; then
+    say "pause ($sum): cached in $out"; return
+  fi
+  say "pause ($sum): gcc -static"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  gcc -static -O2 -Wall -Werror -o "$out.tmp/pause" "$here/pause.c"
+  strip "$out.tmp/pause"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "pause ($sum): done -> $out"
+}
+
+build_node() {
+  apt_install /usr/lib/cni/bridge containernetworking-plugins
+  apt_install /usr/sbin/nft nftables
+  build_pause
+  build_runc
+  build_kube "kubelet kube-proxy kube-scheduler"
+  build_containerd
+  install_go_program coredns github.com/coredns/coredns "$COREDNS_VERSION"
+}
+
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]; then
   say "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has kube-apiserver: using it, not building kubernetes"
   [ "$what" = kube ] && exit 0
-  [ "$what" = all ] && { install_redis; what=etcd; }
+  [ "$what" = all ] && { install_redis; build_node; what=etcd; }
 fi
 
 case "$what" in
   kube) build_kube ;;
   etcd) for v in $ETCD_VERSIONS; do build_etcd "$v"; done ;;
   redis) install_redis ;;
+  node) build_node ;;
   s3) build_s3 ;;
-  all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube ;;
-  *) say "unknown target '$what': use kube, etcd, redis, s3 or all"; exit 2 ;;
+  all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube; build_node ;;
+  *) say "unknown target '$what': use kube, etcd, redis, node, s3 or all"; exit 2 ;;
 esac

@@ -2,6 +2,9 @@
 //! installing) them once per process with `tests/env/build-binaries.sh` when they are missing.
 //! MinIO and `mc` (family `s3`) are built separately, only when a test asks for them
 //! ([`Binaries::ensure_s3`]): most tests do not need them, and they take ~10 minutes cold.
+//! The real node's programs (family `node`: kubelet, kube-proxy, kube-scheduler, containerd,
+//! runc, CoreDNS, the pause program, Debian's CNI plugins and nftables) are part of `all`, and
+//! [`Binaries::ensure_node`] builds what is missing when a test starts a node.
 //!
 //! Versions come from `tests/env/versions.env`; the cache is
 //! `${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}/bin`. `KUBEBUILDER_ASSETS`, when set to a
@@ -22,6 +25,10 @@ pub struct Binaries {
     redis_series: String,
     minio_version: String,
     mc_version: String,
+    containerd_version: String,
+    runc_version: String,
+    coredns_version: String,
+    pause_image: String,
     cache_bin: PathBuf,
     assets: Option<PathBuf>,
 }
@@ -30,6 +37,11 @@ pub struct Binaries {
 static ENSURED: OnceLock<Result<Binaries, String>> = OnceLock::new();
 /// The outcome of the one `s3` build attempt of this process.
 static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
+/// The outcome of the one `node` build attempt of this process.
+static ENSURED_NODE: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Where Debian's containernetworking-plugins installs the CNI plugins.
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
 impl Binaries {
     /// Finds the binaries, building the missing ones with `tests/env/build-binaries.sh` (its
@@ -78,6 +90,124 @@ impl Binaries {
             })
             .clone()
             .map_err(|reason| Error::Build { reason })
+    }
+
+    /// Makes sure the real node's programs are there, running `build-binaries.sh node` when
+    /// some are missing (at most once per process; cold, about 8 minutes on 2 cores with the
+    /// kube build cache warm). Blocking: from async code, call it through
+    /// `tokio::task::spawn_blocking`.
+    pub fn ensure_node(&self) -> Result<()> {
+        ENSURED_NODE
+            .get_or_init(|| {
+                let missing = self.node_missing();
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                run_build_script(Some("node"), &missing).map_err(|e| e.to_string())?;
+                match self.node_missing().first() {
+                    None => Ok(()),
+                    Some(missing) => Err(format!(
+                        "{missing} is still missing after tests/env/build-binaries.sh node"
+                    )),
+                }
+            })
+            .clone()
+            .map_err(|reason| Error::Build { reason })
+    }
+
+    fn node_missing(&self) -> Vec<String> {
+        let mut programs = vec![
+            self.kubelet(),
+            self.kube_proxy(),
+            self.kube_scheduler(),
+            self.containerd_dir().join("containerd"),
+            self.containerd_dir().join("containerd-shim-runc-v2"),
+            self.ctr(),
+            self.runc_dir().join("runc"),
+            self.coredns(),
+            self.cni_bin_dir().join("bridge"),
+            self.cni_bin_dir().join("host-local"),
+            self.cni_bin_dir().join("loopback"),
+            PathBuf::from("/usr/sbin/nft"),
+        ];
+        match self.pause() {
+            Ok(pause) => programs.push(pause),
+            Err(e) => return vec![e.to_string()],
+        }
+        programs
+            .into_iter()
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect()
+    }
+
+    /// The cache directory (`${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}`).
+    pub fn cache_dir(&self) -> PathBuf {
+        self.cache_bin
+            .parent()
+            .map_or_else(|| self.cache_bin.clone(), Path::to_path_buf)
+    }
+
+    /// Path of kubelet (built by [`Binaries::ensure_node`]).
+    pub fn kubelet(&self) -> PathBuf {
+        self.kubernetes_dir().join("kubelet")
+    }
+
+    /// Path of kube-proxy (built by [`Binaries::ensure_node`]).
+    pub fn kube_proxy(&self) -> PathBuf {
+        self.kubernetes_dir().join("kube-proxy")
+    }
+
+    /// Path of kube-scheduler (built by [`Binaries::ensure_node`]).
+    pub fn kube_scheduler(&self) -> PathBuf {
+        self.kubernetes_dir().join("kube-scheduler")
+    }
+
+    /// Directory holding `containerd`, `containerd-shim-runc-v2` and `ctr`.
+    pub fn containerd_dir(&self) -> PathBuf {
+        self.cache_bin
+            .join(format!("containerd-{}", self.containerd_version))
+    }
+
+    /// Path of `ctr`, containerd's own client (image import, container listing).
+    pub fn ctr(&self) -> PathBuf {
+        self.containerd_dir().join("ctr")
+    }
+
+    /// Directory holding `runc` (first on containerd's `PATH`, where its shim looks for it).
+    pub fn runc_dir(&self) -> PathBuf {
+        self.cache_bin.join(format!("runc-{}", self.runc_version))
+    }
+
+    /// Path of CoreDNS.
+    pub fn coredns(&self) -> PathBuf {
+        self.cache_bin
+            .join(format!("coredns-{}", self.coredns_version))
+            .join("coredns")
+    }
+
+    /// Directory of the CNI plugins (Debian's containernetworking-plugins).
+    pub fn cni_bin_dir(&self) -> PathBuf {
+        PathBuf::from(CNI_BIN_DIR)
+    }
+
+    /// Path of the static pod sandbox program, built from `tests/env/pause.c` into a directory
+    /// keyed by the source's hash (as `build-binaries.sh` does), so an edit rebuilds it.
+    pub fn pause(&self) -> Result<PathBuf> {
+        use sha2::Digest as _;
+        let source = env_dir().join("pause.c");
+        let text = std::fs::read(&source).map_err(Error::io(format!(
+            "reading {} (the pod sandbox program)",
+            source.display()
+        )))?;
+        let hash = sha2::Sha256::digest(&text);
+        let short: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        Ok(self.cache_bin.join(format!("pause-{short}")).join("pause"))
+    }
+
+    /// The pod sandbox image containerd pins (`registry.k8s.io/pause:3.10`).
+    pub fn pause_image(&self) -> &str {
+        &self.pause_image
     }
 
     fn s3_missing(&self) -> Vec<String> {
@@ -142,6 +272,10 @@ impl Binaries {
         let redis_series = var("REDIS_SERIES")?;
         let minio_version = var("MINIO_VERSION")?;
         let mc_version = var("MC_VERSION")?;
+        let containerd_version = var("CONTAINERD_VERSION")?;
+        let runc_version = var("RUNC_VERSION")?;
+        let coredns_version = var("COREDNS_VERSION")?;
+        let pause_image = var("PAUSE_IMAGE")?;
         let cache = match std::env::var_os("POLICY_HOST_CACHE") {
             Some(dir) => PathBuf::from(dir),
             None => std::env::var_os("HOME")
@@ -158,6 +292,10 @@ impl Binaries {
             redis_series,
             minio_version,
             mc_version,
+            containerd_version,
+            runc_version,
+            coredns_version,
+            pause_image,
             cache_bin: cache.join("bin"),
             assets,
         })

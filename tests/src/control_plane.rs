@@ -6,7 +6,7 @@
 //! down when the [`ControlPlane`] is dropped, and the processes also die with the process that
 //! started them.
 
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,11 @@ pub struct ControlPlaneOptions {
     pub controller_manager: bool,
     /// How long to wait for `/readyz` before giving up.
     pub ready_timeout: Duration,
+    /// For a real node: the address kube-apiserver binds and advertises instead of 127.0.0.1
+    /// (the node's bridge address, [`crate::node::NODE_IP`]), so that in-cluster clients reach
+    /// it through the `kubernetes` Service; kube-scheduler runs too, and kube-apiserver reaches
+    /// kubelets at their InternalIP.
+    pub node_ip: Option<Ipv4Addr>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -34,6 +39,7 @@ impl Default for ControlPlaneOptions {
             dir: None,
             controller_manager: true,
             ready_timeout: Duration::from_secs(120),
+            node_ip: None,
         }
     }
 }
@@ -110,7 +116,14 @@ impl ControlPlane {
     ) -> Result<()> {
         let dir = self.dir.clone();
         let logs = dir.join("logs");
-        let [etcd_client, etcd_peer, apiserver_port, kcm_port] = free_ports()?;
+        let [
+            etcd_client,
+            etcd_peer,
+            apiserver_port,
+            kcm_port,
+            scheduler_port,
+        ] = free_ports()?;
+        let address = options.node_ip.unwrap_or(Ipv4Addr::LOCALHOST);
 
         let mut etcd = guarded_command(binaries.control_plane_etcd());
         etcd.args([
@@ -139,8 +152,8 @@ impl ControlPlane {
         let mut apiserver = guarded_command(binaries.kube_apiserver());
         apiserver.args([
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
             format!("--secure-port={apiserver_port}"),
             format!("--cert-dir={}", certs.display()),
             format!("--token-auth-file={}", tokens.display()),
@@ -153,19 +166,32 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--v=1".into(),
         ]);
+        if options.node_ip.is_some() {
+            // The kubelet's hostname resolves nowhere; its InternalIP is the bridge address.
+            apiserver.arg("--kubelet-preferred-address-types=InternalIP");
+        }
         self.processes.push(OwnedProcess::spawn(
             "kube-apiserver",
             apiserver,
             logs.join("kube-apiserver.log"),
         )?);
-        self.server = format!("https://127.0.0.1:{apiserver_port}");
+        self.server = format!("https://{address}:{apiserver_port}");
         write(&self.kubeconfig, &self.kubeconfig_yaml())?;
 
         self.wait_ready(options.ready_timeout).await?;
 
         if options.controller_manager {
+            // A real node is registered with the not-ready taint; the node lifecycle
+            // controller lifts it once the kubelet reports Ready (the pod runner's Node has no
+            // kubelet heartbeat, so it stays off there).
+            let real_node = options.node_ip.is_some();
             let controllers = std::iter::once("*".to_owned())
-                .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
+                .chain(
+                    DISABLED_CONTROLLERS
+                        .iter()
+                        .filter(|c| !(real_node && **c == "node-lifecycle-controller"))
+                        .map(|c| format!("-{c}")),
+                )
                 .collect::<Vec<_>>()
                 .join(",");
             let mut kcm = guarded_command(binaries.kube_controller_manager());
@@ -188,6 +214,21 @@ impl ControlPlane {
                 "kube-controller-manager",
                 kcm,
                 logs.join("kube-controller-manager.log"),
+            )?);
+        }
+        if options.node_ip.is_some() {
+            let mut scheduler = guarded_command(binaries.kube_scheduler());
+            scheduler.args([
+                format!("--kubeconfig={}", self.kubeconfig.display()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={scheduler_port}"),
+                "--leader-elect=false".into(),
+                "--v=1".into(),
+            ]);
+            self.processes.push(OwnedProcess::spawn(
+                "kube-scheduler",
+                scheduler,
+                logs.join("kube-scheduler.log"),
             )?);
         }
         Ok(())
@@ -316,13 +357,13 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(Error::io(format!("writing {}", path.display())))
 }
 
-/// Four distinct free TCP ports on 127.0.0.1 (held open together, so they differ).
-fn free_ports() -> Result<[u16; 4]> {
-    let listeners = (0..4)
+/// `N` distinct free TCP ports on 127.0.0.1 (held open together, so they differ).
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(Error::io("finding free ports on 127.0.0.1"))?;
-    let mut ports = [0u16; 4];
+    let mut ports = [0u16; N];
     for (port, listener) in ports.iter_mut().zip(&listeners) {
         *port = listener
             .local_addr()

@@ -40,6 +40,9 @@
 
 pub mod binaries;
 pub mod control_plane;
+pub mod images;
+pub mod install;
+pub mod node;
 pub mod pod_runner;
 mod process;
 mod shared;
@@ -49,7 +52,7 @@ use std::path::PathBuf;
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use pod_runner::{PodRunner, PodRunnerHandle, PodRunnerOptions};
-pub use shared::{TestEnv, shared, shared_blocking};
+pub use shared::{NodeEnv, TestEnv, shared, shared_blocking, shared_node};
 
 /// Everything that can go wrong while finding binaries, starting the control plane or running
 /// Pods. Each message says what was wrong and what to do about it.
@@ -136,6 +139,22 @@ pub enum Error {
         namespace: String,
         /// Name of the Pod.
         name: String,
+    },
+    /// A local container image could not be made.
+    #[error("image {image} could not be made: {problem}")]
+    Image {
+        /// The image reference.
+        image: String,
+        /// What was wrong and what to do.
+        problem: String,
+    },
+    /// A command the real node needs (ip, nft, ctr, ...) failed.
+    #[error("{what} failed: {output}")]
+    Command {
+        /// The command line.
+        what: String,
+        /// Its standard error (or status).
+        output: String,
     },
     /// The per-process shared environment failed to start earlier in this process.
     #[error("the shared test environment failed to start: {0}")]

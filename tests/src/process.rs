@@ -18,10 +18,19 @@ use crate::{Error, Result};
 
 /// A command that dies with the spawning thread and leads its own process group.
 pub(crate) fn guarded_command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    signalled_command(program, "KILL")
+}
+
+/// A command that gets `signal` (`TERM`, `KILL`) when the spawning thread dies, and leads its
+/// own process group. A TERM lets a watchdog clean up after the test process.
+pub(crate) fn signalled_command(
+    program: impl AsRef<std::ffi::OsStr>,
+    signal: &str,
+) -> std::process::Command {
     let mut command = std::process::Command::new("setpriv");
     command
         .arg("--pdeathsig")
-        .arg("KILL")
+        .arg(signal)
         .arg("--")
         .arg(program)
         .process_group(0)
@@ -97,6 +106,14 @@ impl OwnedProcess {
             component: self.name.clone(),
             problem: problem.into(),
             log: self.log.clone(),
+        }
+    }
+
+    /// Kills the process group at once (SIGKILL) and reaps the process.
+    pub(crate) fn kill(&mut self) {
+        if self.exited().is_none() {
+            signal_group(self.child.id(), Signal::SIGKILL);
+            let _ = self.child.wait();
         }
     }
 

@@ -1,5 +1,6 @@
-//! The per-process shared test environment: one control plane and one pod runner, started on
-//! first use on a dedicated thread with its own tokio runtime.
+//! The per-process shared test environments, each started on first use on a dedicated thread
+//! with its own tokio runtime: [`shared`] (a control plane and the pod runner) and
+//! [`shared_node`] (a control plane and a real node).
 //!
 //! Why a thread of its own: every `#[tokio::test]` has a runtime that dies with the test, and
 //! anything shared (watchers, container supervisors, the processes' parent thread for
@@ -16,6 +17,8 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
 use crate::control_plane::{client_from, kube_config_from, random_hex};
+use crate::images::ImageSpec;
+use crate::node::{Node, NodeNetwork};
 use crate::{
     Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle, Result,
 };
@@ -164,39 +167,220 @@ impl TestEnv {
     /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
     /// ServiceAccount exists (Pod admission refuses Pods before that). Returns the name.
     pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let clean: String = prefix
-            .to_ascii_lowercase()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .take(40)
-            .collect();
-        let name = format!(
-            "{}-{}{}",
-            clean.trim_matches('-'),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            random_hex(3)?
-        );
-        let client = self.client().await?;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &namespace)
-            .await
-            .map_err(Error::kube(format!("creating namespace {name}")))?;
-        let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
-        crate::wait_for(
-            &format!("the default ServiceAccount of namespace {name} (created by kube-controller-manager)"),
-            Duration::from_secs(60),
-            || async { accounts.get_opt("default").await.ok().flatten() },
-        )
-        .await?;
-        Ok(name)
+        create_namespace(self.client().await?, prefix).await
+    }
+}
+
+/// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
+/// ServiceAccount exists. Returns the name.
+async fn create_namespace(client: kube::Client, prefix: &str) -> Result<String> {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let clean: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    let name = format!(
+        "{}-{}{}",
+        clean.trim_matches('-'),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        random_hex(3)?
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(Error::kube(format!("creating namespace {name}")))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+    crate::wait_for(
+        &format!(
+            "the default ServiceAccount of namespace {name} (created by kube-controller-manager)"
+        ),
+        Duration::from_secs(60),
+        || async { accounts.get_opt("default").await.ok().flatten() },
+    )
+    .await?;
+    Ok(name)
+}
+
+/// The shared environment of a test process that runs Pods on a real node: the control plane
+/// (with kube-scheduler, serving on [`crate::node::NODE_IP`]) and one node (containerd, kubelet,
+/// CNI bridge, CoreDNS, kube-proxy) with the standard images imported. Get it with
+/// [`shared_node`].
+#[derive(Debug)]
+pub struct NodeEnv {
+    binaries: Binaries,
+    kubeconfig: PathBuf,
+    server: String,
+    dir: PathBuf,
+    logs: Vec<(String, PathBuf)>,
+    images_dir: PathBuf,
+    containerd_socket: PathBuf,
+    setup_time: Duration,
+}
+
+static SHARED_NODE: OnceLock<Result<NodeEnv, String>> = OnceLock::new();
+
+/// The shared real-node environment, started on first call (binaries ensured, node family
+/// included; bridge, control plane, images and node started: about 15 s with everything
+/// cached). Later calls return the same environment, or the same startup error. Torn down when
+/// the test process ends (a watchdog process does it: statics are never dropped).
+pub async fn shared_node() -> Result<&'static NodeEnv> {
+    if let Some(ready) = SHARED_NODE.get() {
+        return ready.as_ref().map_err(|e| Error::Shared(e.clone()));
+    }
+    tokio::task::spawn_blocking(|| {
+        SHARED_NODE
+            .get_or_init(start_node_env)
+            .as_ref()
+            .map_err(|e| Error::Shared(e.clone()))
+    })
+    .await
+    .map_err(|e| Error::Shared(format!("the startup task panicked: {e}")))?
+}
+
+fn start_node_env() -> Result<NodeEnv, String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("policy-host-testenv-node".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = sender.send(Err(format!("building its tokio runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let started = Instant::now();
+                match start_node_on_this_thread().await {
+                    Ok((network, plane, node, binaries, images_dir)) => {
+                        let mut logs = plane.log_paths();
+                        logs.extend(node.log_paths());
+                        let env = NodeEnv {
+                            binaries,
+                            kubeconfig: plane.kubeconfig_path().to_owned(),
+                            server: plane.server_url().to_owned(),
+                            dir: plane.dir().to_owned(),
+                            logs,
+                            images_dir,
+                            containerd_socket: node.containerd_socket().to_owned(),
+                            setup_time: started.elapsed(),
+                        };
+                        eprintln!(
+                            "policy-host-testenv: control plane {} and real node up in {:.1} s (files in {})",
+                            env.server,
+                            env.setup_time.as_secs_f64(),
+                            env.dir.display()
+                        );
+                        let _ = sender.send(Ok(env));
+                        // Lives as long as the process; the node's watchdog tears it down.
+                        let _keep = (node, plane, network);
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = sender.send(Err(e.to_string()));
+                    }
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        return Err(format!("could not spawn its thread: {e}"));
+    }
+    receiver
+        .recv()
+        .map_err(|_| "its thread ended before reporting".to_owned())?
+}
+
+async fn start_node_on_this_thread() -> Result<(NodeNetwork, ControlPlane, Node, Binaries, PathBuf)>
+{
+    // Blocking, but this thread has nothing else to do yet.
+    let binaries = Binaries::ensure()?;
+    binaries.ensure_node()?;
+    let network = NodeNetwork::create(Duration::from_secs(600))?;
+    let plane = ControlPlane::start(
+        &binaries,
+        ControlPlaneOptions {
+            node_ip: Some(crate::node::NODE_IP),
+            ..ControlPlaneOptions::default()
+        },
+    )
+    .await?;
+    let images_dir = binaries.cache_dir().join("images");
+    let images = crate::node::standard_images(&binaries, &images_dir)?;
+    let node = Node::start(
+        &plane,
+        &network,
+        &binaries,
+        &images,
+        &plane.dir().join("node"),
+    )
+    .await?;
+    Ok((network, plane, node, binaries, images_dir))
+}
+
+impl NodeEnv {
+    /// The kubeconfig (admin token, TLS verification off), for kubectl or other processes.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The apiserver URL (`https://10.244.0.1:<port>`).
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
+    /// The binaries in use.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// The directory of the control plane's data and logs (the node's is `node/` in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Log files of the control plane and the node's processes, by component name.
+    pub fn logs(&self) -> &[(String, PathBuf)] {
+        &self.logs
+    }
+
+    /// How long the first [`shared_node`] call took to bring everything up.
+    pub fn setup_time(&self) -> Duration {
+        self.setup_time
+    }
+
+    /// A new admin client in the caller's runtime (create one per test).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// A kube-rs config for the admin user.
+    pub async fn kube_config(&self) -> Result<kube::Config> {
+        kube_config_from(&self.kubeconfig).await
+    }
+
+    /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
+    /// ServiceAccount exists. Returns the name.
+    pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
+        create_namespace(self.client().await?, prefix).await
+    }
+
+    /// Writes `image` as an archive (cached) and imports it into the node's containerd, so Pods
+    /// naming it start without a registry.
+    pub fn load_image(&self, image: &ImageSpec) -> Result<()> {
+        let archive = image.write_archive(&self.images_dir)?;
+        crate::node::import_image(&self.binaries.ctr(), &self.containerd_socket, &archive)
     }
 }

@@ -1,18 +1,16 @@
-//! `cargo xtask demo`: a local control plane and pod runner, policy-host with the etcd plugin,
-//! and an `EtcdCluster` converging in a live view, until Ctrl-C tears it all down.
+//! `cargo xtask demo`: a local control plane and a real node, policy-host installed on it the
+//! way README.md's "Running the host in a cluster" says (its image made from deploy/Dockerfile),
+//! and the example `EtcdCluster` converging in a live view, until Ctrl-C tears it all down.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use policy_host_testenv::{
-    Binaries, ControlPlane, ControlPlaneOptions, PodRunner, PodRunnerOptions,
-};
+use policy_host_testenv::node::{NODE_IP, Node, NodeNetwork, standard_images};
+use policy_host_testenv::{Binaries, ControlPlane, ControlPlaneOptions, install};
 use serde_json::{Value, json};
 
 use crate::{cargo, run as run_command, setup, step};
@@ -40,95 +38,53 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let binaries = Binaries::ensure()?;
+    binaries.ensure_node()?;
 
-    step("starting etcd + kube-apiserver + kube-controller-manager on 127.0.0.1");
+    step("making the node's bridge cni0 (10.244.0.1/24)");
+    let network = NodeNetwork::create(Duration::from_secs(60))?;
+    step("starting etcd + kube-apiserver + kube-controller-manager + kube-scheduler on 10.244.0.1");
     let control_plane = ControlPlane::start(
         &binaries,
         ControlPlaneOptions {
             dir: Some(dir.join("control-plane")),
+            node_ip: Some(NODE_IP),
             ..ControlPlaneOptions::default()
         },
     )
     .await?;
     let client = control_plane.client().await?;
-    step("starting the local pod runner (a test kubelet running pods as local processes)");
-    let runner = PodRunner::start(
-        client.clone(),
-        binaries.clone(),
-        PodRunnerOptions {
-            dir: Some(dir.join("pods")),
-            ..PodRunnerOptions::default()
-        },
-    )
-    .await?;
-
-    step("installing the EtcdCluster CRD (deploy/crds/etcdcluster.yaml)");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(
-        root.join("deploy/crds/etcdcluster.yaml"),
-    )?)?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "etcdclusters.etcd.database.coreos.com",
-        &PatchParams::apply("policy-host-demo").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    policy_host_testenv::wait_for(
-        "the CRD to be established",
-        Duration::from_secs(60),
-        || async {
-            let crd = crds
-                .get_opt("etcdclusters.etcd.database.coreos.com")
-                .await
-                .ok()
-                .flatten()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        },
-    )
-    .await?;
-
-    step("starting policy-host with the etcd plugin");
+    step("making the images (etcd, redis, pause, and policy-host from deploy/Dockerfile)");
+    let images_dir = binaries.cache_dir().join("images");
+    let mut images = standard_images(&binaries, &images_dir)?;
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let host_log = dir.join("policy-host.log");
-    let mut host = tokio::process::Command::new(root.join("target/debug/policy-host"))
-        .args(["run", "--policy"])
-        .arg(&plugin)
-        .args(["--admin-addr", "127.0.0.1:0"])
-        // Plugin ConfigMaps applied in the demo namespace load too (README: your own plugin).
-        .args(["--plugin-namespace", NAMESPACE])
-        .env("KUBECONFIG", control_plane.kubeconfig_path())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&host_log)?)
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start target/debug/policy-host")?;
-
-    // Pods are refused until kube-controller-manager has made the namespace's ServiceAccount.
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), NAMESPACE);
-    policy_host_testenv::wait_for(
-        "the default ServiceAccount",
-        Duration::from_secs(60),
-        || async { accounts.get_opt("default").await.ok().flatten() },
+    let host_image = install::host_image(root, &install::host_binary_path(root), &plugin)?;
+    images.push(host_image.write_archive(&images_dir)?);
+    step("starting the node: containerd, kubelet, CNI bridge, CoreDNS, kube-proxy");
+    let node = Node::start(
+        &control_plane,
+        &network,
+        &binaries,
+        &images,
+        &dir.join("node"),
     )
     .await?;
 
-    step(&format!("applying {}", cluster_file.display()));
-    let mut cluster: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(root.join(cluster_file))?)?;
-    let version = binaries
-        .default_etcd_version()
-        .trim_start_matches('v')
-        .to_string();
-    if cluster["spec"]["version"].as_str() != Some(version.as_str()) {
-        eprintln!("(using etcd {version}, the version this environment has built)");
-        cluster["spec"]["version"] = json!(version);
+    step("installing as README.md's \"Running the host in a cluster\" says");
+    let kubectl = binaries.kubectl();
+    for line in install::run_readme_install(root, &kubectl, control_plane.kubeconfig_path())? {
+        println!("  $ {line}");
     }
+    if cluster_file != Path::new("deploy/examples/etcd-cluster.yaml") {
+        step(&format!("applying {}", cluster_file.display()));
+        install::run_kubectl(
+            root,
+            &kubectl,
+            control_plane.kubeconfig_path(),
+            &["apply", "-f", &cluster_file.display().to_string()],
+        )?;
+    }
+    let cluster: Value = serde_yaml::from_str(&std::fs::read_to_string(root.join(cluster_file))?)?;
     let name = cluster["metadata"]["name"]
         .as_str()
         .unwrap_or("example-etcd-cluster")
@@ -138,41 +94,35 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         "etcdclusters",
     );
     let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
-    clusters
-        .patch(
-            &name,
-            &PatchParams::apply("policy-host-demo").force(),
-            &Patch::Apply(&cluster),
-        )
-        .await?;
 
-    let kube_bin = binaries.kube_apiserver();
-    let kube_dir = kube_bin.parent().map(Path::to_path_buf).unwrap_or_default();
+    let kube_dir = kubectl.parent().map(Path::to_path_buf).unwrap_or_default();
     let etcd_dir = binaries
         .etcd_dir(binaries.default_etcd_version())
         .unwrap_or_default();
     println!(
-        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc      # if you have a kubectl\n  etcdctl --endpoints http://<pod IP>:2379 member list -w table\n  kubectl apply -f my-plugin.yaml # a plugin ConfigMap (policy-host pack) loads here too\n\nLogs: policy-host {}, pods {}/pods, control plane {}/control-plane\nPress Ctrl-C to tear everything down.\n",
+        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc -A\n  kubectl -n policy-host logs deploy/policy-host\n  etcdctl --endpoints http://$(kubectl get svc {name}-client -o jsonpath='{{.spec.clusterIP}}'):2379 member list -w table\n  kubectl -n policy-host apply --server-side -f my-plugin.yaml   # a plugin ConfigMap (policy-host pack) loads in the host's namespace\n\nLogs: control plane {}/control-plane/logs, node {}/node/logs\nPress Ctrl-C to tear everything down.\n",
         control_plane.kubeconfig_path().display(),
         kube_dir.display(),
         etcd_dir.display(),
-        host_log.display(),
         dir.display(),
         dir.display(),
     );
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let host_pods: Api<Pod> = Api::namespaced(client.clone(), "policy-host");
     let mut last = String::new();
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
-            exited = host.wait() => {
-                eprintln!("policy-host exited ({exited:?}); see {}", host_log.display());
-                break;
-            }
             _ = tick.tick() => {
-                let view = live_view(&clusters, &pods, &name).await;
+                let mut view = live_view(&clusters, &pods, &name).await;
+                if let Ok(list) = host_pods.list(&ListParams::default().labels("app.kubernetes.io/name=policy-host")).await {
+                    for pod in list.items {
+                        let ready = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first()).is_some_and(|c| c.ready);
+                        view.push_str(&format!("\n  host pod {} ready {ready}", pod.metadata.name.unwrap_or_default()));
+                    }
+                }
                 if view != last {
                     println!("{view}");
                     last = view;
@@ -181,9 +131,9 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         }
     }
     step("tearing down");
-    let _ = host.kill().await;
-    drop(runner);
+    drop(node);
     drop(control_plane);
+    drop(network);
     Ok(())
 }
 

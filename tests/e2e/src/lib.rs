@@ -3,6 +3,7 @@
 //! waiting helpers.
 
 pub mod etcd;
+pub mod install;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
