@@ -11,8 +11,8 @@
 //! uid observed, so the apply fails instead of writing to an object that replaced it; any
 //! other is read from the API server, and one that exists without the parent as its controller
 //! refuses the whole decision ([`ActError::NotControlled`]). Deletes carry the observed uid as a
-//! precondition, so it never lands on an object that replaced the observed one
-//! ([`ActError::StaleView`]).
+//! precondition, and status writes the parent's resourceVersion, so neither lands on a world
+//! that changed since the observation ([`ActError::StaleView`]).
 //!
 //! One race is left open, knowingly: between the read that finds no object and the apply that
 //! creates it, another writer can create the same name, and the forced apply then takes it
@@ -504,7 +504,11 @@ impl Executor {
         }
     }
 
-    /// Replaces the parent's status (server-side apply on the status subresource).
+    /// Replaces the parent's status (server-side apply on the status subresource), only if the
+    /// parent is still the one decided from: plugins keep state in status (etcd's members,
+    /// Redis' primary), and a decision from a stale cache must not write it back over a newer
+    /// one. The parent's resourceVersion is the precondition; a conflict is a
+    /// [`ActError::StaleView`], and the newer parent's watch event brings a fresh decision.
     async fn set_status(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
         let status: Value = serde_json::from_str(json)
             .map_err(|e| self.refused(format!("its status is not valid JSON: {e}")))?;
@@ -518,21 +522,38 @@ impl Executor {
         let name = parent.name_any();
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &self.parent_resource);
-        let patch = json!({
+        let mut patch = json!({
             "apiVersion": self.parent_resource.api_version,
             "kind": self.parent_resource.kind,
             "status": status,
         });
-        api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        if let Some(version) = parent.resource_version() {
+            patch["metadata"] = json!({ "resourceVersion": version });
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match api
+            .patch_status(&name, &params, &Patch::Apply(&patch))
             .await
-            .map_err(|source| ActError::Api {
+        {
+            Ok(_) => Ok(()),
+            Err(source) if is_stale(&source) => Err(ActError::StaleView {
+                what: format!(
+                    "setting the status of {} {namespace}/{name}",
+                    self.parent_resource.kind
+                ),
+                why: format!(
+                    "the parent changed since it was observed ({})",
+                    api_error_text(&source)
+                ),
+            }),
+            Err(source) => Err(ActError::Api {
                 what: format!(
                     "setting the status of {} {namespace}/{name} (does its CRD enable the status subresource?)",
                     self.parent_resource.kind
                 ),
                 source,
-            })?;
-        Ok(())
+            }),
+        }
     }
 
     /// Records an Event on the parent.

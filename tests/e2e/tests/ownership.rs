@@ -466,3 +466,61 @@ async fn an_apply_carrying_the_plugin_label_is_refused() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The plugin decided from status `{who: old}`; meanwhile someone (a newer decision, another
+/// writer) set `{who: newer}`. The stale decision's status is not written, and the error says
+/// the view was stale, so the parent is decided again from what is there now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_decided_on_a_stale_parent_does_not_overwrite_the_newer_status()
+-> anyhow::Result<()> {
+    let stage = Stage::new("ownership-status").await?;
+    let status = |who: &str| {
+        json!({
+            "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+            "status": { "who": who }
+        })
+    };
+    let params = PatchParams::apply("another-writer").force();
+    let seen = stage
+        .parents
+        .patch_status("p", &params, &Patch::Apply(&status("old")))
+        .await?;
+    stage
+        .parents
+        .patch_status("p", &params, &Patch::Apply(&status("newer")))
+        .await?;
+
+    let stale = Stage {
+        parent: seen,
+        ..stage
+    };
+    let observed = stale.observed_with(Vec::new())?;
+    let outcome = stale
+        .act(
+            &observed,
+            vec![Action::SetStatus(json!({ "who": "stale" }).to_string())],
+        )
+        .await;
+    let live = stale.parents.get("p").await?;
+    assert_eq!(
+        live.data["status"]["who"], "newer",
+        "a stale decision overwrote the status (outcome {outcome:?})"
+    );
+    let reason = outcome.err().map(|e| e.reason());
+    assert_eq!(reason, Some("StaleView"));
+
+    // Decided again from the live parent, the write goes through.
+    let fresh = Stage {
+        parent: live,
+        ..stale
+    };
+    let observed = fresh.observed_with(Vec::new())?;
+    fresh
+        .act(
+            &observed,
+            vec![Action::SetStatus(json!({ "who": "fresh" }).to_string())],
+        )
+        .await?;
+    assert_eq!(fresh.parents.get("p").await?.data["status"]["who"], "fresh");
+    Ok(())
+}
