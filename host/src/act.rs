@@ -5,15 +5,32 @@
 //! The host, not the plugin, decides ownership: every applied child gets the parent as its
 //! controller and the host's policy label, and a delete is refused unless the parent already
 //! controls the object. A plugin therefore cannot adopt or remove objects it does not own.
+//!
+//! **Never taking over.** Before anything of a decision is written, every object it applies is
+//! claimed: one the parent controls in the observation (the child caches) is written with the
+//! uid observed, so the apply fails instead of writing to an object that replaced it; any
+//! other is read from the API server, and one that exists without the parent as its controller
+//! refuses the whole decision ([`ActError::NotControlled`]). Deletes carry the observed uid as a
+//! precondition, and status writes the parent's resourceVersion, so neither lands on a world
+//! that changed since the observation ([`ActError::StaleView`]).
+//!
+//! One race is left open, knowingly: between the read that finds no object and the apply that
+//! creates it, another writer can create the same name, and the forced apply then takes it
+//! over. Server-side apply has no create-only form; a POST would close the window but leave
+//! every field co-owned by an `Update` manager, so a plugin could never again remove a field it
+//! stopped applying. The window is one API round trip, and only opens for a name nobody used
+//! when the host looked.
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use std::collections::{HashMap, HashSet};
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::time::Duration;
 
 use crate::decide::contract::{Action, Event, EventType, KindRef, PolicyInfo};
-use crate::observe::Observed;
+use crate::observe::{Observed, is_controlled_by};
 
 /// An object a plugin asked to apply, with what identifies it.
 pub struct AppliedObject {
@@ -98,6 +115,22 @@ pub const FIELD_MANAGER: &str = "policy-host";
 /// Child watches select on it.
 pub const POLICY_LABEL: &str = "policy-host.io/policy";
 
+/// The prefix of the host's own label and annotation keys. They carry the host's decisions
+/// (`policy-host.io/plugin=true` makes a ConfigMap code the host loads), so a plugin may not
+/// set any of them on what it applies; [`POLICY_LABEL`] the host sets itself.
+pub const HOST_KEY_PREFIX: &str = "policy-host.io/";
+
+/// The first label or annotation key of `object` that only the host may set, if any.
+pub fn host_key(object: &Value) -> Option<String> {
+    ["labels", "annotations"].into_iter().find_map(|field| {
+        object["metadata"][field]
+            .as_object()?
+            .keys()
+            .find(|key| key.starts_with(HOST_KEY_PREFIX) && key.as_str() != POLICY_LABEL)
+            .map(|key| format!("{} `{key}`", &field[..field.len() - 1]))
+    })
+}
+
 /// Why a decision could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum ActError {
@@ -120,6 +153,28 @@ pub enum ActError {
         parent: String,
         /// The act stage's deadline.
         deadline: Duration,
+    },
+    /// Objects the decision applies exist and are not controlled by the parent: the host
+    /// never takes an object over. Nothing of the decision was written.
+    #[error(
+        "{objects} already exist and {parent} does not control them: the host never takes over an object it did not create for this parent (nothing of the decision was written); delete or rename the existing objects if they may go, or give {parent} another name"
+    )]
+    NotControlled {
+        /// `Kind namespace/name (who controls it)`, comma-separated.
+        objects: String,
+        /// `Kind namespace/name` of the parent.
+        parent: String,
+    },
+    /// A write was refused because what the plugin decided from has changed since (a child
+    /// replaced or gone, a newer parent): the parent is decided again from the current state.
+    #[error(
+        "{what} was not done: {why}; the decision was made on a view that has changed since, and the parent is decided again from the current state"
+    )]
+    StaleView {
+        /// The write.
+        what: String,
+        /// What changed, as the API server said it.
+        why: String,
     },
     /// The API server refused or failed a write.
     #[error("{what} failed: {}", api_error_text(source))]
@@ -146,11 +201,34 @@ impl ActError {
     /// A short CamelCase reason for Events and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            ActError::Refused { .. } => "ActionRefused",
+            ActError::Refused { .. } | ActError::NotControlled { .. } => "ActionRefused",
             ActError::Deadline { .. } => "ActDeadlineExceeded",
+            ActError::StaleView { .. } => "StaleView",
             ActError::Api { .. } => "ApiWriteFailed",
         }
     }
+}
+
+/// How the host found an object a decision applies, before writing anything.
+#[derive(Clone, Debug, PartialEq)]
+enum Claim {
+    /// No object of that name: the apply creates it.
+    Absent,
+    /// The parent controls it, as the object with this uid: the apply carries the uid, so it
+    /// fails rather than write to an object that has replaced it.
+    Controlled(String),
+    /// The decision deletes it first (the parent controls it): the apply creates it again.
+    Recreated,
+}
+
+/// Claims by (kind as `plural.apiVersion`, name).
+type Claims = HashMap<(String, String), Claim>;
+
+/// True when an API error says a precondition (uid, resourceVersion) no longer holds: 409, or
+/// the 422 an apply gets when the uid it carries is not the live object's.
+fn is_stale(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status)
+        if status.code == 409 || (status.code == 422 && status.message.contains("uid")))
 }
 
 /// What the executor needs to write for one policy.
@@ -217,8 +295,9 @@ impl Executor {
     }
 
     /// Carries out `actions` in order, stopping at the first failure. A decision over the
-    /// per-decision caps is refused before any write; the writes together must finish within
-    /// the act deadline.
+    /// per-decision caps is refused before any write; every apply is claimed first, so a
+    /// decision that would take an object over writes nothing at all; the writes together
+    /// must finish within the act deadline.
     pub async fn apply_decision(
         &self,
         parent: &DynamicObject,
@@ -247,9 +326,10 @@ impl Executor {
         observed: &Observed,
         actions: Vec<Action>,
     ) -> Result<(), ActError> {
+        let claims = self.claim_applies(parent, observed, &actions).await?;
         for action in actions {
             match action {
-                Action::Apply(json) => self.apply_child(parent, &json).await?,
+                Action::Apply(json) => self.apply_child(parent, &json, &claims).await?,
                 Action::Delete(target) => {
                     self.delete_child(parent, observed, &target.kind, &target.name)
                         .await?
@@ -281,19 +361,143 @@ impl Executor {
             .ok_or_else(|| self.refused("cluster-scoped parents are not supported yet".into()))
     }
 
-    /// Server-side applies one child with the parent as its controller.
-    async fn apply_child(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
+    /// The declared kind of an applied object, refusing undeclared kinds and host-only keys.
+    fn checked_apply(&self, applied: &AppliedObject) -> Result<KindRef, ActError> {
         let AppliedObject {
-            mut object,
             api_version,
-            kind: kind_name,
+            kind,
             name,
-        } = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
-        let kind = self.declared(&api_version, &kind_name).cloned().ok_or_else(|| {
+            object,
+        } = applied;
+        let declared = self.declared(api_version, kind).cloned().ok_or_else(|| {
             self.refused(format!(
-                "it applied {api_version}/{kind_name} `{name}`, a kind it did not declare as a child"
+                "it applied {api_version}/{kind} `{name}`, a kind it did not declare as a child"
             ))
         })?;
+        if let Some(key) = host_key(object) {
+            return Err(self.refused(format!(
+                "it applied {kind} `{name}` with the {key}, which only the host sets (a ConfigMap labelled `policy-host.io/plugin` is code the host loads)"
+            )));
+        }
+        Ok(declared)
+    }
+
+    /// Claims every object `actions` apply, before anything is written: refuses undeclared
+    /// kinds, host-only keys, and objects that exist without the parent as their controller.
+    async fn claim_applies(
+        &self,
+        parent: &DynamicObject,
+        observed: &Observed,
+        actions: &[Action],
+    ) -> Result<Claims, ActError> {
+        let mut claims = Claims::new();
+        let mut deleted = HashSet::new();
+        let mut not_controlled = Vec::new();
+        for action in actions {
+            let json = match action {
+                Action::Apply(json) => json,
+                Action::Delete(target) => {
+                    deleted.insert((target.kind.to_string(), target.name.clone()));
+                    continue;
+                }
+                Action::SetStatus(_) | Action::RecordEvent(_) => continue,
+            };
+            let applied = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
+            let kind = self.checked_apply(&applied)?;
+            let key = (kind.to_string(), applied.name);
+            if claims.contains_key(&key) {
+                continue;
+            }
+            let observed_uid = observed
+                .owned
+                .get(&key.0)
+                .and_then(|names| names.get(&key.1));
+            let claim = if deleted.contains(&key) {
+                Claim::Recreated
+            } else if let Some(uid) = observed_uid {
+                Claim::Controlled(uid.clone())
+            } else {
+                match self.live_claim(parent, &kind, &key.1).await? {
+                    Ok(claim) => claim,
+                    Err(object) => {
+                        not_controlled.push(object);
+                        continue;
+                    }
+                }
+            };
+            claims.insert(key, claim);
+        }
+        if !not_controlled.is_empty() {
+            return Err(ActError::NotControlled {
+                objects: not_controlled.join(", "),
+                parent: format!(
+                    "{} {}/{}",
+                    self.parent_resource.kind,
+                    parent.namespace().unwrap_or_default(),
+                    parent.name_any()
+                ),
+            });
+        }
+        Ok(claims)
+    }
+
+    /// Reads a child the observation does not show the parent controlling: absent, controlled
+    /// (the cache had not caught up), or someone else's (`Err` describes it).
+    async fn live_claim(
+        &self,
+        parent: &DynamicObject,
+        kind: &KindRef,
+        name: &str,
+    ) -> Result<Result<Claim, String>, ActError> {
+        let namespace = self.namespace(parent)?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &namespace, &api_resource(kind));
+        let live = api.get_opt(name).await.map_err(|source| ActError::Api {
+            what: format!(
+                "reading {} {namespace}/{name} before applying it (the host needs `get` on {})",
+                kind.kind, kind.plural
+            ),
+            source,
+        })?;
+        let Some(live) = live else {
+            return Ok(Ok(Claim::Absent));
+        };
+        let parent_uid = parent.uid().unwrap_or_default();
+        if is_controlled_by(&live, &parent_uid) {
+            return Ok(Ok(Claim::Controlled(live.uid().unwrap_or_default())));
+        }
+        let controller = live
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map_or_else(
+                || "no controller".to_string(),
+                |r| format!("controlled by {} {}", r.kind, r.name),
+            );
+        Ok(Err(format!(
+            "{} {namespace}/{name} ({controller})",
+            kind.kind
+        )))
+    }
+
+    /// Server-side applies one child with the parent as its controller.
+    async fn apply_child(
+        &self,
+        parent: &DynamicObject,
+        json: &str,
+        claims: &Claims,
+    ) -> Result<(), ActError> {
+        let applied = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
+        let kind = self.checked_apply(&applied)?;
+        let AppliedObject {
+            mut object,
+            kind: kind_name,
+            name,
+            ..
+        } = applied;
+        let claim = claims
+            .get(&(kind.to_string(), name.clone()))
+            .ok_or_else(|| self.refused(format!("{kind_name} `{name}` was never claimed")))?;
         let namespace = self.namespace(parent)?;
         let owner = parent
             .controller_owner_ref(&self.parent_resource)
@@ -304,6 +508,16 @@ impl Executor {
             .ok_or_else(|| self.refused(format!("{kind_name} `{name}` has no metadata object")))?;
         metadata.insert("namespace".into(), json!(namespace));
         metadata.insert("ownerReferences".into(), json!([owner]));
+        // The uid is a precondition of the apply: an object of that name with another uid
+        // (422, immutable uid) or none at all (409) refuses it.
+        match claim {
+            Claim::Controlled(uid) => {
+                metadata.insert("uid".into(), json!(uid));
+            }
+            Claim::Absent | Claim::Recreated => {
+                metadata.remove("uid");
+            }
+        }
         let labels = metadata
             .entry("labels")
             .or_insert_with(|| json!({}))
@@ -313,17 +527,27 @@ impl Executor {
 
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &api_resource(&kind));
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .map_err(|source| ActError::Api {
-            what: format!("applying {kind_name} {namespace}/{name}"),
-            source,
-        })?;
-        Ok(())
+        let what = format!("applying {kind_name} {namespace}/{name}");
+        match api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(source) if matches!(claim, Claim::Controlled(_)) && is_stale(&source) => {
+                Err(ActError::StaleView {
+                    why: format!(
+                        "the object observed is gone or was replaced ({})",
+                        api_error_text(&source)
+                    ),
+                    what,
+                })
+            }
+            Err(source) => Err(ActError::Api { what, source }),
+        }
     }
 
     /// Deletes a child, only if the parent controls it; an already-gone child is fine.
@@ -342,21 +566,36 @@ impl Executor {
                     "it deleted {kind} `{name}`, a kind it did not declare as a child"
                 ))
             })?;
-        let controlled = observed
+        let Some(uid) = observed
             .owned
             .get(&declared.to_string())
-            .is_some_and(|names| names.contains_key(name));
-        if !controlled {
+            .and_then(|names| names.get(name))
+        else {
             return Err(self.refused(format!(
                 "it deleted {kind} `{name}`, which its parent does not control"
             )));
-        }
+        };
         let namespace = self.namespace(parent)?;
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &api_resource(&declared));
-        match api.delete(name, &DeleteParams::background()).await {
+        // Only the object observed: another that took its name since is not the parent's.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) if is_stale(&source) => Err(ActError::StaleView {
+                what: format!("deleting {} {namespace}/{name}", declared.kind),
+                why: format!(
+                    "the object observed was replaced by another of that name ({})",
+                    api_error_text(&source)
+                ),
+            }),
             Err(source) => Err(ActError::Api {
                 what: format!("deleting {} {namespace}/{name}", declared.kind),
                 source,
@@ -364,7 +603,11 @@ impl Executor {
         }
     }
 
-    /// Replaces the parent's status (server-side apply on the status subresource).
+    /// Replaces the parent's status (server-side apply on the status subresource), only if the
+    /// parent is still the one decided from: plugins keep state in status (etcd's members,
+    /// Redis' primary), and a decision from a stale cache must not write it back over a newer
+    /// one. The parent's resourceVersion is the precondition; a conflict is a
+    /// [`ActError::StaleView`], and the newer parent's watch event brings a fresh decision.
     async fn set_status(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
         let status: Value = serde_json::from_str(json)
             .map_err(|e| self.refused(format!("its status is not valid JSON: {e}")))?;
@@ -378,21 +621,38 @@ impl Executor {
         let name = parent.name_any();
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &self.parent_resource);
-        let patch = json!({
+        let mut patch = json!({
             "apiVersion": self.parent_resource.api_version,
             "kind": self.parent_resource.kind,
             "status": status,
         });
-        api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        if let Some(version) = parent.resource_version() {
+            patch["metadata"] = json!({ "resourceVersion": version });
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match api
+            .patch_status(&name, &params, &Patch::Apply(&patch))
             .await
-            .map_err(|source| ActError::Api {
+        {
+            Ok(_) => Ok(()),
+            Err(source) if is_stale(&source) => Err(ActError::StaleView {
+                what: format!(
+                    "setting the status of {} {namespace}/{name}",
+                    self.parent_resource.kind
+                ),
+                why: format!(
+                    "the parent changed since it was observed ({})",
+                    api_error_text(&source)
+                ),
+            }),
+            Err(source) => Err(ActError::Api {
                 what: format!(
                     "setting the status of {} {namespace}/{name} (does its CRD enable the status subresource?)",
                     self.parent_resource.kind
                 ),
                 source,
-            })?;
-        Ok(())
+            }),
+        }
     }
 
     /// Records an Event on the parent.
@@ -592,5 +852,41 @@ mod tests {
             .expect_err("an undeclared kind is refused");
         assert!(error.to_string().contains("probe@2.0.0"), "{error}");
         server.abort();
+    }
+
+    /// Pure logic on in-memory objects: which keys a plugin may not set on what it applies.
+    #[test]
+    fn only_the_host_sets_its_own_label_and_annotation_keys() {
+        let rows = [
+            (
+                "a ConfigMap labelled as a plugin pack",
+                json!({"metadata": {"name": "x", "labels": {"policy-host.io/plugin": "true"}}}),
+                Some("label `policy-host.io/plugin`"),
+            ),
+            (
+                "a promoted-shadow annotation",
+                json!({"metadata": {"name": "x", "annotations": {"policy-host.io/superseded-by": "y"}}}),
+                Some("annotation `policy-host.io/superseded-by`"),
+            ),
+            (
+                "the policy label, which the host overwrites anyway",
+                json!({"metadata": {"name": "x", "labels": {"policy-host.io/policy": "etcd"}}}),
+                None,
+            ),
+            (
+                "a plugin's own domain under the host's",
+                json!({"metadata": {"name": "x", "labels": {"redis.policy-host.io/role": "primary"}}}),
+                None,
+            ),
+            ("no labels at all", json!({"metadata": {"name": "x"}}), None),
+            (
+                "labels that are not an object",
+                json!({"metadata": {"name": "x", "labels": "policy-host.io/plugin"}}),
+                None,
+            ),
+        ];
+        for (situation, object, expected) in rows {
+            assert_eq!(host_key(&object).as_deref(), expected, "{situation}");
+        }
     }
 }

@@ -515,6 +515,12 @@ fn error_policy(
         "reconcile failed: {error}"
     );
     ctx.metrics.reconcile_failed(&ctx.policy, error.reason());
+    // A write refused because the world moved on since the observation is expected under
+    // concurrent writers and fixes itself (the newer object's watch event brings a fresh
+    // decision): retried, counted and logged, but no Warning Event for the user.
+    if matches!(error, ReconcileError::Act(ActError::StaleView { .. })) {
+        return ControllerAction::requeue(delay);
+    }
     let event = Event {
         event_type: EventType::Warning,
         reason: error.reason().to_string(),
