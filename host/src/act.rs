@@ -779,8 +779,8 @@ mod tests {
     }
 
     fn parent() -> DynamicObject {
-        let mut parent = DynamicObject::new("p", &api_resource(&probe_info().target))
-            .within("default");
+        let mut parent =
+            DynamicObject::new("p", &api_resource(&probe_info().target)).within("default");
         parent.metadata.uid = Some("uid-p".into());
         parent
     }
@@ -843,9 +843,8 @@ mod tests {
         let (client, server) = silent_api_server().await;
         let started_with = Executor::new(client, "probe@1.0.0", &probe_info());
         let executor = started_with.for_plugin("probe@2.0.0");
-        let secret = Action::Apply(
-            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}"#.into(),
-        );
+        let secret =
+            Action::Apply(r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}"#.into());
         let error = executor
             .apply_decision(&parent(), &observed(), vec![secret])
             .await

@@ -236,8 +236,10 @@ pub async fn run(
             store: reader,
         });
     }
-    let children_listed =
-        children_synced(policy.clone(), caches.iter().map(|c| c.store.clone()).collect());
+    let children_listed = children_synced(
+        policy.clone(),
+        caches.iter().map(|c| c.store.clone()).collect(),
+    );
     let gated_parents = futures::stream::once(async move {
         children_listed.await;
         parent_stream

@@ -252,9 +252,9 @@ mod tests {
         // A reason seen before the bound keeps its own series.
         metrics.reconcile_failed("etcd", "Reason0");
         assert!(
-            metrics
-                .render()
-                .contains("policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"Reason0\"} 2")
+            metrics.render().contains(
+                "policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"Reason0\"} 2"
+            )
         );
     }
 

@@ -10,17 +10,17 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kube::Client;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::events::v1::Event;
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use policy_host::load::pack::{self, PackOptions};
 use policy_host::decide::Limits;
+use policy_host::load::pack::{self, PackOptions};
 use policy_host::{Running, Settings};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
 use policy_host_testenv::{shared, wait_for};
-use tokio::sync::watch;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -121,7 +121,8 @@ async fn release_finalizers(host: HostUnderTest, api: &Api<DynamicObject>, names
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_it() -> anyhow::Result<()> {
+async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_it()
+-> anyhow::Result<()> {
     init_logging();
     let env = shared().await?;
     let client = env.client().await?;
@@ -208,9 +209,8 @@ fn reconciles(running: &Running) -> u64 {
 
 /// The number of failed reconciles of the test plugin with `reason`.
 fn failures(running: &Running, reason: &str) -> u64 {
-    let prefix = format!(
-        "policy_host_reconcile_errors_total{{policy=\"misbehaving\",reason=\"{reason}\"}}"
-    );
+    let prefix =
+        format!("policy_host_reconcile_errors_total{{policy=\"misbehaving\",reason=\"{reason}\"}}");
     running
         .metrics
         .render()
@@ -309,10 +309,15 @@ async fn wait_gone(api: &Api<DynamicObject>, name: &str) -> anyhow::Result<()> {
             .ok()
             .and_then(|o| o.is_none().then_some(()))
     })
-    .await
+    .await?;
+    Ok(())
 }
 
-async fn wait_finalizer(api: &Api<DynamicObject>, name: &str, finalizer: &str) -> anyhow::Result<()> {
+async fn wait_finalizer(
+    api: &Api<DynamicObject>,
+    name: &str,
+    finalizer: &str,
+) -> anyhow::Result<()> {
     wait_for(&format!("{finalizer} on `{name}`"), WAIT, || async {
         let object = api.get_opt(name).await.ok().flatten()?;
         object
@@ -322,7 +327,8 @@ async fn wait_finalizer(api: &Api<DynamicObject>, name: &str, finalizer: &str) -
             .any(|f| f == finalizer)
             .then_some(())
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 /// Settings for a host of the test plugin whose finalizers are released 2 s into a deletion.
@@ -397,8 +403,12 @@ async fn a_parent_whose_finalize_keeps_trapping_is_released_after_the_grace() ->
         "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
         "metadata": { "name": "stuck" }, "spec": { "behaviour": "ok", "finalize": "trap" }
     });
-    api.patch("stuck", &PatchParams::apply("e2e").force(), &Patch::Apply(&object))
-        .await?;
+    api.patch(
+        "stuck",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await?;
     wait_finalizer(&api, "stuck", "policy-host.io/misbehaving").await?;
     api.delete("stuck", &DeleteParams::default()).await?;
     wait_gone(&api, "stuck").await?;
@@ -483,7 +493,9 @@ async fn parents_and_their_namespace_are_deleted_after_their_plugin_is_unloaded(
 
     // Its namespace is deleted with a parent still in it: the namespace goes too.
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete(&namespace, &DeleteParams::default()).await?;
+    namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await?;
     wait_for(&format!("namespace {namespace} deleted"), WAIT, || async {
         namespaces
             .get_opt(&namespace)
