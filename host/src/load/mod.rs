@@ -111,7 +111,7 @@ pub enum LoadError {
     Describe(DecideError),
     /// The plugin described itself with a name the host cannot use.
     #[error(
-        "plugin {source_name} calls itself `{name}`; a plugin name must be 1-63 characters of a-z, 0-9 and `-` (it becomes a label value and a finalizer)"
+        "plugin {source_name} calls itself `{name}`; a plugin name must be 1-63 characters of a-z, 0-9 and `-`, starting and ending with a letter or digit (it becomes a label value and a finalizer)"
     )]
     BadName {
         /// Where the bytes came from.
@@ -202,12 +202,7 @@ impl PluginLoader {
                 other => LoadError::Describe(other),
             })?;
         let name = &plugin.info().name;
-        let valid_name = !name.is_empty()
-            && name.len() <= 63
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !valid_name {
+        if !is_valid_plugin_name(name) {
             return Err(LoadError::BadName {
                 source_name: source_name.to_string(),
                 name: name.clone(),
@@ -215,6 +210,18 @@ impl PluginLoader {
         }
         Ok((plugin, outcome))
     }
+}
+
+/// Whether a plugin's name can be a label value and the finalizer `policy-host.io/<name>`:
+/// a DNS-1123 label, so it also starts and ends with a letter or digit (a label value must).
+fn is_valid_plugin_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 /// Loads a plugin from a file, granting what it asks for (the admin chose the file).
@@ -397,6 +404,26 @@ mod tests {
         assert_eq!(parse_version("1.2.3-rc.1"), Some((1, 2, 3)));
         assert_eq!(parse_version("1.2"), None);
         assert_eq!(parse_version(""), None);
+    }
+
+    #[test]
+    fn plugin_names_must_be_dns_labels_so_they_make_valid_labels_and_finalizers() {
+        for (name, valid) in [
+            ("etcd", true),
+            ("my-plugin-2", true),
+            ("a", true),
+            ("-etcd", false),
+            ("etcd-", false),
+            ("-", false),
+            ("", false),
+            ("Etcd", false),
+            ("etcd.io", false),
+            ("etcd_v2", false),
+        ] {
+            assert_eq!(is_valid_plugin_name(name), valid, "{name:?}");
+        }
+        assert!(is_valid_plugin_name(&"a".repeat(63)));
+        assert!(!is_valid_plugin_name(&"a".repeat(64)));
     }
 
     #[test]
