@@ -1,6 +1,7 @@
-//! A real local Kubernetes control plane and a local pod runner, for end-to-end tests and the demo.
+//! A real local Kubernetes control plane with a real node (or a local pod runner), for
+//! end-to-end tests and the demo.
 //!
-//! There is no Docker and no kubelet on the machines policy-host is tested on, so this crate runs
+//! There is no Docker and no registry on the machines policy-host is tested on, so this crate runs
 //! everything as local processes:
 //!
 //! - [`binaries`] finds (or builds once, with `tests/env/build-binaries.sh`) kube-apiserver,
@@ -10,7 +11,12 @@
 //! - [`pod_runner`] is a test kubelet: it registers a Node, binds Pods to it and runs their
 //!   containers as local processes, each Pod on its own loopback IP, with name resolution through
 //!   one hosts file bind-mounted over `/etc/hosts` in a private mount namespace per Pod;
-//! - [`shared`] starts all of that once per test process, on a dedicated thread with its own
+//! - [`node`] is a real node instead: containerd, runc, a kubelet, the CNI bridge, CoreDNS and
+//!   kube-proxy beside a control plane serving on the bridge, running Pods from images that
+//!   [`images`] makes from the built binaries (and, for the host, from `deploy/Dockerfile`);
+//!   [`install`] runs the README's install commands against it;
+//! - [`shared`] starts a control plane and the pod runner once per test process, and
+//!   [`shared_node`] a control plane and a real node, each on a dedicated thread with its own
 //!   tokio runtime, so that every `#[tokio::test]` (each with a runtime of its own) can use it.
 //!
 //! ```no_run

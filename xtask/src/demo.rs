@@ -25,6 +25,9 @@ pub fn run(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         "--quiet",
         "-p",
         "policy-host",
+        // As the install suite builds it, so the two share one build.
+        "--bin",
+        "policy-host",
     ]))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
