@@ -11,7 +11,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Reco
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::decide::contract::{Action, Event, EventType, KindRef, PolicyInfo};
+use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::Observed;
 
 /// An object a plugin asked to apply, with what identifies it.

@@ -18,9 +18,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
-use crate::app_call::{AppCallRecorder, AppCallScope};
+use crate::capability::replay::AppCallRecorder;
+use crate::capability::scope::AppCallScope;
+use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
-use crate::decide::contract::{Event, EventType, Observation};
 use crate::metrics::Metrics;
 use crate::observe::{ChildCache, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
@@ -86,7 +87,7 @@ pub struct PolicyController {
     metrics: Metrics,
     http: reqwest::Client,
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
-    tls: crate::app_tls::AppTls,
+    tls: crate::capability::tls::AppTls,
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
 }
 
@@ -166,7 +167,7 @@ pub async fn run(
             store: reader,
         });
     }
-    let tls = crate::app_tls::AppTls::new(client.clone());
+    let tls = crate::capability::tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
         executor: Executor::new(client.clone(), loaded.plugin.label(), &info),
         client,
@@ -175,7 +176,7 @@ pub async fn run(
         caches,
         parent_resource,
         metrics,
-        http: crate::app_call::http_client(),
+        http: crate::capability::http::http_client(),
         tls,
         failures: Mutex::new(HashMap::new()),
     });

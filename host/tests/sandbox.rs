@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use policy_host::app_call::{AppCallScope, PodEndpoint};
-use policy_host::decide::contract::{Action, Observation, Timestamp};
+use policy_host::capability::scope::{AppCallScope, PodEndpoint};
+use policy_host::contract::{Action, Observation, Timestamp};
 use policy_host::decide::{DecideError, Limits, Plugin, Sandbox};
 use serde_json::json;
 
@@ -189,11 +189,11 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
     let scope = AppCallScope::new(
         "default/probe".into(),
         pods,
-        policy_host::policy_store::Grants {
+        policy_host::capability::scope::Grants {
             app_call_ports: vec!["http".into()],
             ..Default::default()
         },
-        policy_host::app_call::http_client(),
+        policy_host::capability::http::http_client(),
     );
     let decision = plugin
         .reconcile(&observation("call-stranger", json!({})), scope, "testing")
