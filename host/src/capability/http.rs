@@ -18,6 +18,9 @@ pub fn http_client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
+        // A pod's redirect is handed to the plugin, never followed: following it would let
+        // a pod make the host fetch from the host's own network position.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_else(|error| {
             tracing::error!(%error, "cannot build the app-call HTTP client; app-calls will fail");
@@ -337,5 +340,60 @@ mod tests {
                 (expected, got) => panic!("{situation}: expected {expected:?}, got {got:?}"),
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_handed_to_the_plugin_and_never_followed() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the redirect target");
+        let elsewhere_port = elsewhere.local_addr().expect("its address").port();
+        let reached = Arc::new(AtomicUsize::new(0));
+        let counted = reached.clone();
+        tokio::spawn(async move {
+            while elsewhere.accept().await.is_ok() {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let pod = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the pod");
+        let pod_port = pod.local_addr().expect("its address").port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = pod.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let reply = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:{elsewhere_port}/stolen\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = socket.write_all(reply.as_bytes()).await;
+            }
+        });
+        let pods = HashMap::from([(
+            "db-0".to_string(),
+            PodEndpoint {
+                ip: Some("127.0.0.1".into()),
+                named_ports: HashMap::from([("client".to_string(), pod_port)]),
+            },
+        )]);
+        let grants = Grants {
+            app_call_ports: vec!["client".into()],
+            ..Grants::default()
+        };
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let answer = scope
+            .call("p", request("db-0", "client", "/health"), None, 1024)
+            .await;
+        assert_eq!(answer.map(|r| r.status), Ok(307));
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
     }
 }

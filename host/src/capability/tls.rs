@@ -109,6 +109,8 @@ impl AppTls {
         }
         let client = reqwest::Client::builder()
             .no_proxy()
+            // Redirects are handed to the plugin, never followed (see `http::http_client`).
+            .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(config.as_ref().clone())
             .resolve(&tls.server_name, addr)
             .build()
