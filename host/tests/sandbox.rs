@@ -237,3 +237,21 @@ async fn a_looping_plugin_does_not_hold_up_good_decisions() {
         .expect_err("loop stopped");
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
 }
+
+#[tokio::test]
+async fn a_log_line_cut_inside_a_character_cannot_panic_the_host() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    // 1.2 MB, over the 1 MiB output limit: the host cuts the line, at a byte that falls inside
+    // a two-byte character.
+    let decision = plugin
+        .reconcile(
+            &observation("log-split", json!({ "count": 600_000 })),
+            AppCallScope::none(),
+            "testing",
+        )
+        .await
+        .expect("the plugin decides; the host survives its log line");
+    assert_eq!(decision.actions.len(), 1, "{:?}", decision.actions);
+    good_decision_still_works(&plugin).await;
+}

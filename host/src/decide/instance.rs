@@ -171,6 +171,17 @@ impl contract::policy_host::policy::log::Host for PluginState {
     }
 }
 
+/// Bytes of message, and of fields, one plugin log line may print.
+const LOG_LINE_BYTES: usize = 4096;
+
+/// Cuts `text` to at most `max` bytes at a character boundary, marking the cut.
+fn clip(text: &mut String, max: usize) {
+    if text.len() > max {
+        text.truncate(text.floor_char_boundary(max));
+        text.push_str("… (truncated)");
+    }
+}
+
 impl PluginState {
     fn write_log(
         &mut self,
@@ -178,17 +189,25 @@ impl PluginState {
         message: String,
         fields: Vec<(String, String)>,
     ) {
+        // A log line is at most LOG_LINE_BYTES (and the output limit) of message and as much
+        // of fields, cut in bytes at a character boundary: a cut inside a character panics.
+        let cap = self.doors.output_limit().min(LOG_LINE_BYTES);
         let mut message = message;
-        let output_limit = self.doors.output_limit();
-        if message.len() > output_limit {
-            message.truncate(output_limit.min(4096));
-            message.push_str("… (truncated)");
+        clip(&mut message, cap);
+        let mut text = String::new();
+        for (key, value) in &fields {
+            if text.len() > cap {
+                break;
+            }
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(key);
+            text.push('=');
+            text.push_str(value);
         }
-        let fields: String = fields
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        clip(&mut text, cap);
+        let fields = text;
         let plugin = self.doors.label();
         let parent = self.doors.scope().parent_label();
         match level {
