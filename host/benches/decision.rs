@@ -32,8 +32,9 @@ use guest_etcd::children::{self, ClusterRef, ClusterState, MemberPod};
 use guest_etcd::etcd_api::{GatewayEtcdApi, MEMBER_LIST_PATH, MOVE_LEADER_PATH, STATUS_PATH};
 use guest_etcd::protocol as guest;
 use guest_etcd::spec::EtcdClusterSpec;
-use policy_host::app_call::{AppCallScope, AppCallScript};
-use policy_host::decide::contract::{self, app_call};
+use policy_host::capability::replay::AppCallScript;
+use policy_host::capability::scope::AppCallScope;
+use policy_host::contract::{self, app_call};
 use policy_host::decide::{Limits, Plugin, Sandbox};
 
 const NOW: guest::Timestamp = guest::Timestamp {
@@ -486,7 +487,7 @@ fn main() -> Result<()> {
 async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
     let sandbox = Sandbox::new()?;
     let plugin = sandbox.load("guest-etcd", bytes, Limits::default()).await?;
-    let client = policy_host::app_call::http_client();
+    let client = policy_host::capability::http::http_client();
     println!(
         "decision cost: {iterations} decisions per variant per round, {rounds} rounds, median of the rounds' percentiles"
     );

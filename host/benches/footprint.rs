@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use policy_host::app_call::AppCallScope;
+use policy_host::capability::scope::AppCallScope;
 use policy_host::decide::{Limits, Sandbox};
 use policy_host::load::PluginLoader;
 use policy_host::load::artifact_cache::ArtifactCache;
@@ -149,10 +149,10 @@ fn show(kib: Option<u64>) -> String {
     kib.map_or("?".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
 }
 
-fn sample_observation() -> policy_host::decide::contract::Observation {
-    policy_host::decide::contract::Observation {
+fn sample_observation() -> policy_host::contract::Observation {
+    policy_host::contract::Observation {
         parent: r#"{"apiVersion":"etcd.database.coreos.com/v1beta2","kind":"EtcdCluster","metadata":{"name":"ex","namespace":"ns"},"spec":{"size":1}}"#.into(),
         children: Vec::new(),
-        now: policy_host::decide::contract::Timestamp { seconds: 1_764_000_000, nanoseconds: 0 },
+        now: policy_host::contract::Timestamp { seconds: 1_764_000_000, nanoseconds: 0 },
     }
 }

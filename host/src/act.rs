@@ -29,7 +29,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-use crate::decide::contract::{Action, Event, EventType, KindRef, PolicyInfo};
+use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::{Observed, is_controlled_by};
 
 /// An object a plugin asked to apply, with what identifies it.
@@ -243,6 +243,12 @@ pub struct Executor {
 }
 
 /// Eight hex digits identifying a text.
+/// An Event reason as the API accepts it: at most 128 bytes (the API counts bytes, not
+/// characters), cut at a character boundary.
+fn event_reason(reason: &str) -> String {
+    reason[..reason.floor_char_boundary(128)].to_owned()
+}
+
 fn fingerprint(text: &str) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(text.as_bytes())[..4]
@@ -665,7 +671,7 @@ impl Executor {
             }
             note.truncate(cut);
         }
-        let reason: String = event.reason.chars().take(128).collect();
+        let reason = event_reason(&event.reason);
         let kube_event = KubeEvent {
             type_: match event.event_type {
                 EventType::Normal => KubeEventType::Normal,
@@ -677,7 +683,7 @@ impl Executor {
             // repeats (a failure retried with backoff) still fold into one series.
             action: format!(
                 "{}-{}",
-                reason.chars().take(100).collect::<String>(),
+                &reason[..reason.floor_char_boundary(100)],
                 fingerprint(&note)
             ),
             reason,
@@ -698,7 +704,7 @@ impl Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::contract::{ObjectRef as ChildRef, Observation};
+    use crate::contract::{ObjectRef as ChildRef, Observation};
 
     fn event() -> Action {
         Action::RecordEvent(Event {
@@ -790,7 +796,7 @@ mod tests {
             observation: Observation {
                 parent: "{}".into(),
                 children: Vec::new(),
-                now: crate::decide::contract::Timestamp {
+                now: crate::contract::Timestamp {
                     seconds: 0,
                     nanoseconds: 0,
                 },
@@ -886,6 +892,25 @@ mod tests {
         ];
         for (situation, object, expected) in rows {
             assert_eq!(host_key(&object).as_deref(), expected, "{situation}");
+        }
+    }
+
+    #[test]
+    fn event_reasons_are_bounded_in_bytes_not_characters() {
+        let rows = [
+            ("ascii under the limit", "Reconciled".to_owned()),
+            ("ascii over the limit", "R".repeat(300)),
+            ("two-byte characters over the limit", "é".repeat(100)),
+            ("a cut inside a character", format!("a{}", "é".repeat(100))),
+        ];
+        for (situation, reason) in rows {
+            let cut = event_reason(&reason);
+            assert!(cut.len() <= 128, "{situation}: {} bytes", cut.len());
+            assert!(reason.starts_with(&cut), "{situation}");
+            assert!(
+                cut.len() >= reason.len().min(127),
+                "{situation}: cut too much"
+            );
         }
     }
 }

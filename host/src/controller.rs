@@ -18,9 +18,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
-use crate::app_call::{AppCallRecorder, AppCallScope};
+use crate::capability::replay::AppCallRecorder;
+use crate::capability::scope::AppCallScope;
+use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
-use crate::decide::contract::{Event, EventType, Observation};
 use crate::metrics::Metrics;
 use crate::observe::{ChildCache, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
@@ -137,7 +138,7 @@ pub struct PolicyController {
     metrics: Metrics,
     http: reqwest::Client,
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
-    tls: crate::app_tls::AppTls,
+    tls: crate::capability::tls::AppTls,
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
     finalizer_grace: Duration,
     /// Permits for shadow runs in flight (see [`SHADOW_RUNS_IN_FLIGHT`]).
@@ -253,7 +254,7 @@ pub async fn run(
     for (stream, resource) in child_streams {
         controller = controller.owns_stream_with(stream, resource);
     }
-    let tls = crate::app_tls::AppTls::new(client.clone());
+    let tls = crate::capability::tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
         executor: Executor::new(client.clone(), loaded.plugin.label(), &info),
         client,
@@ -262,7 +263,7 @@ pub async fn run(
         caches,
         parent_resource,
         metrics,
-        http: crate::app_call::http_client(),
+        http: crate::capability::http::http_client(),
         tls,
         failures: Mutex::new(HashMap::new()),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),

@@ -1,36 +1,50 @@
 //! policy-host: a Kubernetes operator that hands every domain decision to a sandboxed
-//! WebAssembly plugin.
+//! WebAssembly plugin. Start with [`run`]; one policy's data path is
+//! [`controller::reconcile`].
 //!
-//! The host does the Kubernetes work and nothing domain-specific. For each loaded policy it
-//! runs one controller whose reconcile is three stages, in one direction:
+//! The host does the Kubernetes work and nothing domain-specific. The modules, in the order
+//! data flows through them:
 //!
+//! - [`contract`] — the WIT contract as Rust types; the ground floor, importing nothing of the
+//!   host;
+//! - [`load`] turns files and labelled ConfigMaps into checked, compiled plugins,
+//!   [`policy_store`] holds what is loaded and swaps it atomically, and [`supervisor`] keeps one
+//!   [`controller`] running per loaded policy; each reconcile is three stages, in one direction:
 //! - [`observe`] — the parent custom resource, the children it controls and the time;
-//! - [`decide`] — the plugin, in its wasmtime sandbox, turns that into a decision;
-//! - [`act`] — the decision becomes server-side applies, deletes, status and Events.
+//! - [`decide`] — the plugin, in its wasmtime sandbox, turns that into a decision; its only
+//!   ways out are the [`capability`] doors (HTTP app-calls, TLS, exchanges), checked against
+//!   what the parent controls and the admin granted;
+//! - [`act`] — the decision becomes server-side applies, deletes, status and Events;
+//! - [`shadow`] — a candidate plugin decides beside the active one, compared, never acted on.
 //!
-//! Plugins reach the outside only through [`app_call`] (over HTTPS with certificates from
-//! [`app_tls`]) and [`app_exchange`]. Loading is a separate concern:
-//! [`load`] turns files and labelled ConfigMaps into checked, compiled plugins,
-//! [`policy_store`] holds what is loaded and swaps it atomically, and [`supervisor`] keeps one
-//! controller running per loaded policy. Of several replicas, only the one that holds the
-//! [`leader`] Lease runs them.
+//! Of several replicas, only the one that holds the [`leader`] Lease runs controllers;
+//! [`orphans`] releases the finalizers of plugins that are gone. Around them: [`admin`] (health, readiness, metrics), [`metrics`], [`telemetry`], and
+//! [`plugin_cli`] (`pack`, `validate`, `simulate` for plugin authors).
 
-pub mod act;
-pub mod admin;
-pub mod app_call;
-pub mod app_exchange;
-pub mod app_tls;
-pub mod controller;
-pub mod decide;
+pub mod contract;
+
 pub mod leader;
 pub mod load;
-pub mod metrics;
-pub mod observe;
 pub mod orphans;
-pub mod plugin_cli;
 pub mod policy_store;
-pub mod shadow;
 pub mod supervisor;
+
+// One reconcile, in data-path order (one line each: rustfmt sorts a group alphabetically).
+pub mod controller;
+
+pub mod observe;
+
+pub mod decide;
+
+pub mod capability;
+
+pub mod act;
+
+pub mod shadow;
+
+pub mod admin;
+pub mod metrics;
+pub mod plugin_cli;
 pub mod telemetry;
 
 use std::net::SocketAddr;

@@ -330,7 +330,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let request = plugin_cli::PackRequest {
                 name,
                 namespace,
-                grants: policy_host::policy_store::Grants {
+                grants: policy_host::capability::scope::Grants {
                     app_call_ports: grants,
                     exchange_ports: exchange_grants,
                 },

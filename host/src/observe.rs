@@ -14,8 +14,8 @@ use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 
-use crate::app_call::PodEndpoint;
-use crate::decide::contract::{Child, KindRef, Observation, Timestamp};
+use crate::capability::scope::PodEndpoint;
+use crate::contract::{Child, KindRef, Observation, Timestamp};
 
 /// The watch cache of one declared child kind.
 #[derive(Clone)]

@@ -18,8 +18,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::Executor;
+use crate::contract::{Event, EventType, PolicyInfo};
 use crate::controller::{FINALIZER_PREFIX, deleting_for};
-use crate::decide::contract::{Event, EventType, PolicyInfo};
 use crate::policy_store::PolicyStore;
 
 /// Releases the finalizer of `policy` (no longer loaded, last seen as `label` reconciling

@@ -14,59 +14,9 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 
+use crate::capability::scope::Grants;
+use crate::contract::KindRef;
 use crate::decide::Plugin;
-use crate::decide::contract::{Capability, KindRef};
-
-/// What the admin allows a plugin to do beyond deciding.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Grants {
-    /// Ports (names or numbers) of its own pods the plugin may app-call (HTTP).
-    pub app_call_ports: Vec<String>,
-    /// Ports (names or numbers) of its own pods the plugin may hold TCP exchanges with.
-    pub exchange_ports: Vec<String>,
-}
-
-impl Grants {
-    /// Everything the plugin asks for (for plugins the admin loads from a local file).
-    pub fn as_requested(plugin: &Plugin) -> Self {
-        let mut grants = Self::default();
-        for capability in &plugin.info().capabilities {
-            grants.grant(capability);
-        }
-        grants
-    }
-
-    /// Adds one capability (once).
-    pub fn grant(&mut self, capability: &Capability) {
-        let (ports, port) = match capability {
-            Capability::AppCall(port) => (&mut self.app_call_ports, port),
-            Capability::Exchange(port) => (&mut self.exchange_ports, port),
-        };
-        if !ports.contains(port) {
-            ports.push(port.clone());
-        }
-    }
-
-    /// True when nothing is granted.
-    pub fn is_empty(&self) -> bool {
-        self.app_call_ports.is_empty() && self.exchange_ports.is_empty()
-    }
-
-    /// The grants as capabilities, for logs and Events: `app-call(client)`, `exchange(redis)`.
-    pub fn describe(&self) -> Vec<String> {
-        let app_calls = self.app_call_ports.iter().map(|p| format!("app-call({p})"));
-        let exchanges = self.exchange_ports.iter().map(|p| format!("exchange({p})"));
-        app_calls.chain(exchanges).collect()
-    }
-}
-
-/// How a capability reads in logs, Events and `policy-host validate`.
-pub fn capability_text(capability: &Capability) -> String {
-    match capability {
-        Capability::AppCall(port) => format!("app-call({port})"),
-        Capability::Exchange(port) => format!("exchange({port})"),
-    }
-}
 
 /// A plugin as loaded: the compiled plugin, its grants and where it came from.
 #[derive(Clone, Debug)]

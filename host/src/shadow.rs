@@ -10,8 +10,9 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use crate::app_call::{AppCallRecorder, AppCallScope};
-use crate::decide::contract::{Action, Decision, Observation};
+use crate::capability::replay::AppCallRecorder;
+use crate::capability::scope::AppCallScope;
+use crate::contract::{Action, Decision, Observation};
 use crate::decide::{DecideError, Plugin};
 
 /// The longest diff text a report carries (an Event note holds 1 kB).
@@ -257,7 +258,7 @@ pub async fn run_candidate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::contract::{Event, EventType, KindRef, ObjectRef};
+    use crate::contract::{Event, EventType, KindRef, ObjectRef};
 
     fn decision(actions: Vec<Action>, requeue: Option<u64>) -> ComparableDecision {
         ComparableDecision::of(&Ok(Decision {

@@ -5,10 +5,11 @@
 //! through the current ones (wasmtime links semver-compatible names). The 0.2.1 plugin's
 //! exchanges are answered by a scripted scope, as in `simulate` and shadow mode.
 
-use policy_host::app_call::{AppCallScope, AppCallScript};
-use policy_host::app_exchange::ExchangeRound;
-use policy_host::decide::contract::app_call::Response;
-use policy_host::decide::contract::{
+use policy_host::capability::replay::AppCallScript;
+use policy_host::capability::replay::ExchangeRound;
+use policy_host::capability::scope::AppCallScope;
+use policy_host::contract::app_call::Response;
+use policy_host::contract::{
     Action, CONTRACT_VERSION, Capability, Child, KindRef, Observation, Timestamp,
 };
 use policy_host::decide::{Limits, Plugin, Sandbox};

@@ -121,7 +121,7 @@ async fn the_second_load_of_a_component_comes_from_the_artifact_cache() {
 async fn pack_writes_a_config_map_that_reads_back_to_the_same_component() {
     let path = policy_host_test_plugins::build("misbehaving-policy").expect("plugin builds");
     let request = PackRequest {
-        grants: policy_host::policy_store::Grants {
+        grants: policy_host::capability::scope::Grants {
             app_call_ports: vec!["http".into()],
             ..Default::default()
         },

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use policy_host::decide::contract::KindRef;
+use policy_host::contract::KindRef;
 use policy_host::decide::{Limits, Sandbox};
 use policy_host::load::PluginLoader;
 use policy_host::load::pack::{PackDefaults, PluginPack};

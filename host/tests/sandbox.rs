@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use policy_host::app_call::{AppCallScope, PodEndpoint};
-use policy_host::decide::contract::{Action, Observation, Timestamp};
+use policy_host::capability::scope::{AppCallScope, PodEndpoint};
+use policy_host::contract::{Action, Observation, Timestamp};
 use policy_host::decide::{DecideError, Limits, Plugin, Sandbox};
 use serde_json::json;
 
@@ -189,11 +189,11 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
     let scope = AppCallScope::new(
         "default/probe".into(),
         pods,
-        policy_host::policy_store::Grants {
+        policy_host::capability::scope::Grants {
             app_call_ports: vec!["http".into()],
             ..Default::default()
         },
-        policy_host::app_call::http_client(),
+        policy_host::capability::http::http_client(),
     );
     let decision = plugin
         .reconcile(&observation("call-stranger", json!({})), scope, "testing")
@@ -236,4 +236,22 @@ async fn a_looping_plugin_does_not_hold_up_good_decisions() {
         .expect("task joins")
         .expect_err("loop stopped");
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_log_line_cut_inside_a_character_cannot_panic_the_host() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    // 1.2 MB, over the 1 MiB output limit: the host cuts the line, at a byte that falls inside
+    // a two-byte character.
+    let decision = plugin
+        .reconcile(
+            &observation("log-split", json!({ "count": 600_000 })),
+            AppCallScope::none(),
+            "testing",
+        )
+        .await
+        .expect("the plugin decides; the host survives its log line");
+    assert_eq!(decision.actions.len(), 1, "{:?}", decision.actions);
+    good_decision_still_works(&plugin).await;
 }

@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use policy_host::app_call::AppCallScope;
-use policy_host::decide::contract::{Action, Observation, Timestamp};
+use policy_host::capability::scope::AppCallScope;
+use policy_host::contract::{Action, Observation, Timestamp};
 use policy_host::decide::{Limits, Sandbox};
 use serde_json::json;
 

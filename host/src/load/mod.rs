@@ -25,9 +25,10 @@ use std::time::SystemTime;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::decide::contract::{CONTRACT_VERSION, PREVIOUS_CONTRACT_VERSIONS};
+use crate::capability::scope::Grants;
+use crate::contract::{CONTRACT_VERSION, PREVIOUS_CONTRACT_VERSIONS};
 use crate::decide::{DecideError, Limits, Plugin, Sandbox};
-use crate::policy_store::{Grants, LoadedPolicy};
+use crate::policy_store::LoadedPolicy;
 use artifact_cache::{ArtifactCache, CacheOutcome};
 use pack::PackError;
 
@@ -240,7 +241,7 @@ pub async fn load_file(
     let sha256 = pack::sha256_hex(&bytes);
     let (plugin, _) = loader.load(&source, &bytes, &sha256, limits).await?;
     Ok(LoadedPolicy {
-        grants: Grants::as_requested(&plugin),
+        grants: Grants::as_requested(&plugin.info().capabilities),
         plugin,
         source,
         loaded_at: SystemTime::now(),

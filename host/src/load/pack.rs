@@ -24,8 +24,8 @@ use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::capability::scope::Grants;
 use crate::decide::{Limits, MAX_PLUGIN_MEMORY};
-use crate::policy_store::Grants;
 
 /// The label that marks a ConfigMap as a plugin pack.
 pub const PLUGIN_LABEL: &str = "policy-host.io/plugin";

@@ -6,11 +6,11 @@ pub mod simulate;
 
 use std::path::Path;
 
-use crate::decide::contract::CONTRACT_VERSION;
+use crate::capability::scope::{Grants, capability_text};
+use crate::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Plugin, Sandbox};
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
-use crate::policy_store::{Grants, capability_text};
 
 /// Largest ConfigMap the API server stores (etcd's default request limit).
 pub const CONFIG_MAP_LIMIT: usize = 1 << 20;

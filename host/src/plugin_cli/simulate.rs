@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 
 use super::CliError;
 use crate::act::{AppliedObject, POLICY_LABEL};
-use crate::app_call::{AppCallScope, AppCallScript};
+use crate::capability::replay::AppCallScript;
+use crate::capability::scope::AppCallScope;
+use crate::contract::app_call::{CallError, Method, Response};
+use crate::contract::{Action, Child, EventType, KindRef, Observation, Timestamp};
 use crate::decide::Plugin;
-use crate::decide::contract::app_call::{CallError, Method, Response};
-use crate::decide::contract::{Action, Child, EventType, KindRef, Observation, Timestamp};
 
 /// Where the simulation starts the clock when the CR names no time (2026-01-01T00:00:00Z):
 /// a fixed time, so two runs of the same inputs print the same decisions.

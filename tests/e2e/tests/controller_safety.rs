@@ -84,7 +84,10 @@ async fn client_holding_child_lists(
 }
 
 async fn get(url: &str) -> anyhow::Result<(u16, String)> {
-    let response = policy_host::app_call::http_client().get(url).send().await?;
+    let response = policy_host::capability::http::http_client()
+        .get(url)
+        .send()
+        .await?;
     Ok((response.status().as_u16(), response.text().await?))
 }
 

@@ -9,7 +9,9 @@
 //! - `trap`: panics (a trap);
 //! - `refuse`: returns a policy error;
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
-//! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status.
+//! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status;
+//! - `log-split`: logs one line of `"a"` then `spec.count` two-byte characters (and the same
+//!   as a field), so a cut at any even byte offset falls inside a character.
 //!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
@@ -29,11 +31,11 @@ mod plugin {
     wit_bindgen::generate!({ path: "../../../wit", world: "policy-plugin" });
 
     use exports::policy_host::policy::policy::Guest;
-    use policy_host::policy::app_call;
     use policy_host::policy::types::{
         Action, Capability, Decision, Event, EventType, FinalizeDecision, KindRef, Observation,
         PolicyError, PolicyInfo,
     };
+    use policy_host::policy::{app_call, log};
 
     struct Misbehaving;
 
@@ -144,6 +146,17 @@ mod plugin {
                     };
                     Ok(Decision {
                         actions: vec![Action::SetStatus(json!({ "appCall": text }).to_string())],
+                        requeue_after_ms: None,
+                    })
+                }
+                "log-split" => {
+                    let count = parent["spec"]["count"].as_u64().unwrap_or(600_000) as usize;
+                    let line = format!("a{}", "é".repeat(count));
+                    log::log(log::Level::Info, &line, &[("field".into(), line.clone())]);
+                    Ok(Decision {
+                        actions: vec![Action::SetStatus(
+                            json!({ "logged": line.len() }).to_string(),
+                        )],
                         requeue_after_ms: None,
                     })
                 }

@@ -1,5 +1,13 @@
-//! The WIT contract (`wit/policy.wit`) as Rust types: generated bindings, shared by the
-//! observe, decide and act stages.
+//! The WIT contract (`wit/policy.wit`) as Rust types: the generated bindings and the shims of
+//! frozen versions ([`v0_1`]), the ground floor every stage and capability builds on.
+//!
+//! It imports nothing of the host. In particular the exchange's `connection` resource stays the
+//! opaque handle `bindgen!` generates (no `with:` mapping it to a host type): the exchange
+//! capability keeps its open connections in its own table keyed by the handle's `rep()`, as
+//! Spin's factors do. Mapping it to a host type would have made the contract import the
+//! capability that implements it, and that capability imports the contract.
+
+pub mod v0_1;
 
 /// The bindings generated from `wit/policy.wit`; the WIT file is their documentation.
 #[allow(missing_docs)]
@@ -10,9 +18,6 @@ mod generated {
         imports: { default: async },
         exports: { default: async },
         additional_derives: [PartialEq],
-        // The exchange's connection is the host's own type, kept in the instance's resource
-        // table: dropping the store closes every connection the instance left open.
-        with: { "policy-host:policy/exchange.connection": crate::app_exchange::Connection },
     });
 }
 
@@ -46,7 +51,7 @@ pub fn exported_version(
 }
 
 /// Older contract versions this host also serves, each through bindings of its frozen WIT
-/// (see [`super::contract_v0_1`]).
+/// (see [`v0_1`]).
 pub const PREVIOUS_CONTRACT_VERSIONS: &[&str] = &["0.1.0"];
 
 impl KindRef {

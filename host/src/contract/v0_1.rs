@@ -11,7 +11,7 @@
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::contract as current;
+use crate::contract as current;
 
 /// The bindings generated from the frozen 0.1.0 WIT; that file is their documentation.
 #[allow(missing_docs)]

@@ -17,7 +17,7 @@ use kube::Api;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::decide::contract::app_call::{CallError, TlsClient};
+use crate::contract::app_call::{CallError, TlsClient};
 
 /// How long a Secret read for TLS is used before it is read again.
 pub const SECRET_TTL: Duration = Duration::from_secs(30);
@@ -109,6 +109,8 @@ impl AppTls {
         }
         let client = reqwest::Client::builder()
             .no_proxy()
+            // Redirects are handed to the plugin, never followed (see `http::http_client`).
+            .redirect(reqwest::redirect::Policy::none())
             .tls_backend_preconfigured(config.as_ref().clone())
             .resolve(&tls.server_name, addr)
             .build()

@@ -10,24 +10,27 @@
 //! - time: one connect or one receive waits at most [`APP_CALL_TIMEOUT`], and the whole decision
 //!   runs under its deadline;
 //! - count: at most [`MAX_OPEN_CONNECTIONS`] per instance;
-//! - lifetime: a [`Connection`] lives in the instance's resource table, so dropping the store
-//!   (the instance ends, traps or runs out of time) closes whatever the plugin left open.
+//! - lifetime: a [`Connection`] lives in the instance's [`Connections`] (inside its
+//!   [`Doors`]), so dropping the store (the instance ends, traps or runs out of time) closes
+//!   whatever the plugin left open.
 //!
 //! Without a network (a scripted scope: `simulate`, shadow mode, benchmarks) each *round* (the
 //! bytes sent before the plugin reads, and the reply) is answered from the [`AppCallScript`];
 //! a live scope with a recorder writes each round down, so a replay answers the same rounds.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use wasmtime::component::Resource;
 
-use crate::app_call::{
-    APP_CALL_TIMEOUT, AppCallRecorder, AppCallScope, AppCallScript, ExchangeRoute,
-};
-use crate::decide::contract::app_call::CallError;
-use crate::decide::contract::exchange::ExchangeError;
+use super::Doors;
+use super::http::APP_CALL_TIMEOUT;
+use super::replay::{AppCallRecorder, AppCallScript, ExchangeRound};
+use super::scope::{AppCallScope, ExchangeRoute};
+use crate::contract::app_call::CallError;
+use crate::contract::exchange::{self as wit, ExchangeError};
 
 /// Connections one instance may have open at once.
 pub const MAX_OPEN_CONNECTIONS: usize = 16;
@@ -36,21 +39,8 @@ pub const MAX_OPEN_CONNECTIONS: usize = 16;
 /// allocated at this size at most).
 pub const MAX_RECEIVE_CHUNK: usize = 1 << 20;
 
-/// One round of an exchange: the bytes the plugin sent before reading, and the reply it read
-/// (or the error it got). The unit scripts answer and recorders write.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExchangeRound {
-    /// Pod name.
-    pub pod: String,
-    /// Port as the plugin named it; `None` in a script answers on any port.
-    pub port: Option<String>,
-    /// The request bytes.
-    pub request: Vec<u8>,
-    /// The reply bytes, or why there was none.
-    pub reply: Result<Vec<u8>, ExchangeError>,
-}
-
-/// An open exchange with one port of one Pod: the host side of the WIT `connection` resource.
+/// An open exchange with one port of one Pod: the host side of the WIT `connection` resource,
+/// whose handle the plugin holds ([`Connections`] maps it here).
 pub struct Connection {
     pod: String,
     port: String,
@@ -301,6 +291,115 @@ impl Drop for Connection {
     }
 }
 
+/// The connections one instance has open, keyed by the `rep()` of the handle the plugin holds.
+///
+/// The host's own table rather than wasmtime's resource table, so that the contract's
+/// `connection` stays an opaque handle and the bindings need no host type (see
+/// [`crate::contract`]).
+#[derive(Debug, Default)]
+pub struct Connections {
+    open: HashMap<u32, Connection>,
+    /// The next handle to try; handles of dropped connections are used again only after
+    /// `u32::MAX` opens.
+    next: u32,
+}
+
+impl Connections {
+    /// Connections open now.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// True when none is open.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    fn insert(&mut self, connection: Connection) -> Resource<wit::Connection> {
+        // At most MAX_OPEN_CONNECTIONS handles are taken, so a free one is near.
+        while self.open.contains_key(&self.next) {
+            self.next = self.next.wrapping_add(1);
+        }
+        let rep = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.open.insert(rep, connection);
+        Resource::new_own(rep)
+    }
+
+    fn get_mut(
+        &mut self,
+        connection: &Resource<wit::Connection>,
+    ) -> Result<&mut Connection, ExchangeError> {
+        self.open.get_mut(&connection.rep()).ok_or_else(|| {
+            ExchangeError::Refused(format!(
+                "no such connection: handle {} is not open",
+                connection.rep()
+            ))
+        })
+    }
+
+    fn remove(&mut self, connection: &Resource<wit::Connection>) -> Option<Connection> {
+        self.open.remove(&connection.rep())
+    }
+}
+
+impl wit::Host for Doors {}
+
+impl wit::HostConnection for Doors {
+    async fn open(
+        &mut self,
+        pod: String,
+        port: String,
+    ) -> Result<Resource<wit::Connection>, ExchangeError> {
+        if self.connections.len() >= MAX_OPEN_CONNECTIONS {
+            return Err(ExchangeError::Refused(format!(
+                "{MAX_OPEN_CONNECTIONS} connections are open already; drop one first"
+            )));
+        }
+        let connection = Connection::open(&self.scope, pod, port, self.output_limit)
+            .await
+            .inspect_err(|error| {
+                if let ExchangeError::Refused(why) = error {
+                    tracing::warn!(plugin = %self.label, parent = %self.scope.parent_label(), %why, "exchange refused");
+                }
+            })?;
+        Ok(self.connections.insert(connection))
+    }
+
+    async fn send(
+        &mut self,
+        connection: Resource<wit::Connection>,
+        bytes: Vec<u8>,
+    ) -> Result<(), ExchangeError> {
+        if bytes.len() > self.output_limit {
+            self.note_oversized_output(bytes.len());
+        }
+        self.connections.get_mut(&connection)?.send(bytes).await
+    }
+
+    async fn receive(
+        &mut self,
+        connection: Resource<wit::Connection>,
+        max_bytes: u32,
+        timeout_ms: u32,
+    ) -> Result<Vec<u8>, ExchangeError> {
+        self.connections
+            .get_mut(&connection)?
+            .receive(max_bytes, Duration::from_millis(u64::from(timeout_ms)))
+            .await
+    }
+
+    async fn drop(&mut self, connection: Resource<wit::Connection>) -> wasmtime::Result<()> {
+        match self.connections.remove(&connection) {
+            Some(_) => Ok(()),
+            None => Err(wasmtime::Error::msg(format!(
+                "the plugin dropped connection handle {}, which is not open",
+                connection.rep()
+            ))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The byte pipe against a local TCP peer that answers one fixed reply per request (a
@@ -312,8 +411,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::app_call::{AppCallRecorder, PodEndpoint, http_client};
-    use crate::policy_store::Grants;
+    use crate::capability::http::http_client;
+    use crate::capability::scope::{Grants, PodEndpoint};
 
     async fn peer(reply: &'static [u8]) -> u16 {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -1,0 +1,399 @@
+//! The HTTP door out of the sandbox: an HTTP/JSON request from a plugin to a granted port of a
+//! Pod its parent controls (over HTTPS with certificates from [`super::tls`]), checked against
+//! the reconcile's [`AppCallScope`]. Everything else is refused.
+
+use std::time::Duration;
+
+use super::Doors;
+use super::scope::AppCallScope;
+use crate::contract::app_call::{CallError, Method, Request, Response, TlsClient};
+use crate::contract::v0_1;
+
+/// How long one app-call may take before the plugin gets `timeout`.
+pub const APP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The HTTP client app-calls use: no proxy, rustls with the ring provider (installed here for
+/// the process if none is yet, since reqwest is built without a default one).
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .no_proxy()
+        // A pod's redirect is handed to the plugin, never followed: following it would let
+        // a pod make the host fetch from the host's own network position.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_else(|error| {
+            tracing::error!(%error, "cannot build the app-call HTTP client; app-calls will fail");
+            reqwest::Client::new()
+        })
+}
+
+impl AppCallScope {
+    /// Checks the request against the scope, then sends it (over HTTPS with `tls`), or answers
+    /// it from the script. Scripts and recordings match on the request alone: TLS is how a
+    /// request travels, not what it asks.
+    pub async fn call(
+        &self,
+        plugin: &str,
+        request: Request,
+        tls: Option<&TlsClient>,
+        body_limit: usize,
+    ) -> Result<Response, CallError> {
+        if let Some(script) = &self.script {
+            return script.answer(request);
+        }
+        let Some(recorder) = &self.recorder else {
+            return self.call_live(plugin, request, tls, body_limit).await;
+        };
+        let answer = self
+            .call_live(plugin, request.clone(), tls, body_limit)
+            .await;
+        recorder.record(request, &answer);
+        answer
+    }
+
+    async fn call_live(
+        &self,
+        plugin: &str,
+        request: Request,
+        tls: Option<&TlsClient>,
+        body_limit: usize,
+    ) -> Result<Response, CallError> {
+        let (client, url) = self.route(&request, tls).await.inspect_err(|error| {
+            tracing::warn!(
+                plugin,
+                parent = %self.parent,
+                pod = %request.pod,
+                port = %request.port,
+                path = %request.path,
+                tls = tls.is_some(),
+                %error,
+                "app-call refused"
+            );
+        })?;
+        let method = match request.method {
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+            Method::Delete => reqwest::Method::DELETE,
+        };
+        let mut builder = client
+            .request(method, &url)
+            .timeout(APP_CALL_TIMEOUT)
+            .header("accept", "application/json");
+        if let Some(body) = request.body {
+            builder = builder
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let response = builder.send().await.map_err(|e| {
+            if e.is_timeout() {
+                CallError::Timeout
+            } else {
+                CallError::Unreachable(format!("{url}: {e}"))
+            }
+        })?;
+        let status = response.status().as_u16();
+        let mut body = response
+            .text()
+            .await
+            .map_err(|e| CallError::Unreachable(format!("{url}: reading the response: {e}")))?;
+        if body.len() > body_limit {
+            let mut cut = body_limit;
+            while !body.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            body.truncate(cut);
+        }
+        Ok(Response { status, body })
+    }
+
+    /// The client to send the request with and its URL, or why it is refused.
+    async fn route(
+        &self,
+        request: &Request,
+        tls: Option<&TlsClient>,
+    ) -> Result<(reqwest::Client, String), CallError> {
+        let (host, port) = self.authorize(request)?;
+        let Some(client) = &self.client else {
+            return Err(CallError::Refused(
+                "app-calls are not available here".to_string(),
+            ));
+        };
+        let Some(tls) = tls else {
+            return Ok((
+                client.clone(),
+                format!("http://{host}:{port}{}", request.path),
+            ));
+        };
+        let Some((app_tls, namespace)) = &self.tls else {
+            return Err(CallError::Refused(
+                "TLS app-calls are not available here".to_string(),
+            ));
+        };
+        let ip: std::net::IpAddr = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .map_err(|_| {
+                CallError::Unreachable(format!("pod `{}` has no usable IP: {host}", request.pod))
+            })?;
+        let (client, base) = app_tls
+            .client_for(namespace, tls, std::net::SocketAddr::new(ip, port))
+            .await?;
+        Ok((client, format!("{base}{}", request.path)))
+    }
+}
+
+impl crate::contract::app_call::Host for Doors {
+    async fn call(&mut self, request: Request) -> Result<Response, CallError> {
+        let size = request.body.as_ref().map_or(0, |b| b.len()) + request.path.len();
+        if size > self.output_limit {
+            self.note_oversized_output(size);
+            return Err(CallError::Refused(format!(
+                "request of {size} bytes is over the plugin's {} byte output limit",
+                self.output_limit
+            )));
+        }
+        let limit = self.output_limit;
+        self.scope.call(&self.label, request, None, limit).await
+    }
+
+    async fn call_tls(&mut self, request: Request, tls: TlsClient) -> Result<Response, CallError> {
+        let size = request.body.as_ref().map_or(0, |b| b.len()) + request.path.len();
+        if size > self.output_limit {
+            self.note_oversized_output(size);
+            return Err(CallError::Refused(format!(
+                "request of {size} bytes is over the plugin's {} byte output limit",
+                self.output_limit
+            )));
+        }
+        let limit = self.output_limit;
+        self.scope
+            .call(&self.label, request, Some(&tls), limit)
+            .await
+    }
+}
+
+/// The previous contract's app-call: the same door, its types converted at the boundary.
+impl v0_1::policy_host::policy::app_call::Host for Doors {
+    async fn call(
+        &mut self,
+        request: v0_1::policy_host::policy::app_call::Request,
+    ) -> Result<
+        v0_1::policy_host::policy::app_call::Response,
+        v0_1::policy_host::policy::app_call::CallError,
+    > {
+        let request = v0_1::request_from_old(request);
+        let answer = crate::contract::app_call::Host::call(self, request).await;
+        v0_1::answer_to_old(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::capability::replay::{AppCallRecorder, AppCallScript};
+    use crate::capability::scope::{Grants, PodEndpoint};
+
+    fn scope() -> AppCallScope {
+        let mut pods = HashMap::new();
+        pods.insert(
+            "db-0".to_string(),
+            PodEndpoint {
+                ip: Some("127.0.0.1".into()),
+                named_ports: [("client".to_string(), 2379), ("peer".to_string(), 2380)]
+                    .into_iter()
+                    .collect(),
+            },
+        );
+        let grants = Grants {
+            app_call_ports: vec!["client".into()],
+            ..Grants::default()
+        };
+        AppCallScope::new("ns/db".into(), pods, grants, http_client())
+    }
+
+    fn request(pod: &str, port: &str, path: &str) -> Request {
+        Request {
+            pod: pod.into(),
+            port: port.into(),
+            method: Method::Post,
+            path: path.into(),
+            body: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_scripted_scope_answers_by_pod_and_path_and_records_the_calls() {
+        let script = AppCallScript::new([(
+            "db-0".to_string(),
+            "/v3/cluster/member/list".to_string(),
+            Ok(Response {
+                status: 200,
+                body: "{}".into(),
+            }),
+        )]);
+        let scope = AppCallScope::scripted("ns/db".into(), script.clone());
+        let answered = scope
+            .call(
+                "p",
+                request("db-0", "client", "/v3/cluster/member/list"),
+                None,
+                1024,
+            )
+            .await;
+        assert_eq!(answered.map(|r| r.status), Ok(200));
+        let unknown = scope
+            .call("p", request("db-1", "client", "/health"), None, 1024)
+            .await;
+        assert!(
+            matches!(&unknown, Err(CallError::Unreachable(m)) if m.contains("no scripted answer")),
+            "{unknown:?}"
+        );
+        let calls: Vec<String> = script.calls().into_iter().map(|r| r.pod).collect();
+        assert_eq!(calls, ["db-0", "db-1"]);
+    }
+
+    #[tokio::test]
+    async fn a_recorded_run_replays_exactly_its_own_requests_in_order() {
+        let recorder = AppCallRecorder::new();
+        let live = scope().recorded_by(recorder.clone());
+        // Refused before any network: the refusal is recorded like an answer.
+        let refused = live
+            .call("p", request("other-0", "client", "/health"), None, 1024)
+            .await;
+        assert!(matches!(refused, Err(CallError::Refused(_))), "{refused:?}");
+        assert_eq!(recorder.calls(), [request("other-0", "client", "/health")]);
+
+        let answered = |status| {
+            Ok(Response {
+                status,
+                body: String::new(),
+            })
+        };
+        let polled = request("db-0", "client", "/health");
+        let script = AppCallScript::replaying(vec![
+            (polled.clone(), answered(503)),
+            (polled.clone(), answered(200)),
+        ]);
+        let replay = AppCallScope::scripted("ns/db".into(), script.clone());
+        let statuses = [
+            replay.call("p", polled.clone(), None, 1024).await,
+            replay.call("p", polled.clone(), None, 1024).await,
+            replay.call("p", polled.clone(), None, 1024).await,
+        ]
+        .map(|answer| answer.map(|r| r.status));
+        assert_eq!(statuses, [Ok(503), Ok(200), Ok(200)]);
+
+        let mut other_body = polled.clone();
+        other_body.body = Some("{}".into());
+        let unrecorded = replay.call("p", other_body, None, 1024).await;
+        assert!(
+            matches!(&unrecorded, Err(CallError::Unreachable(m)) if m.contains("recorded run made no")),
+            "{unrecorded:?}"
+        );
+        assert_eq!(script.calls().len(), 4);
+    }
+
+    #[test]
+    fn authorization_table() {
+        let scope = scope();
+        let rows: [(&str, Request, Result<&str, &str>); 5] = [
+            (
+                "a granted named port of an owned pod resolves to its IP",
+                request("db-0", "client", "/v3/cluster/member/list"),
+                Ok("http://127.0.0.1:2379/v3/cluster/member/list"),
+            ),
+            (
+                "the number of a granted named port is the same port",
+                request("db-0", "2379", "/health"),
+                Ok("http://127.0.0.1:2379/health"),
+            ),
+            (
+                "a pod the parent does not control is refused",
+                request("other-0", "client", "/health"),
+                Err("not controlled"),
+            ),
+            (
+                "a port that is not granted is refused",
+                request("db-0", "peer", "/health"),
+                Err("not granted"),
+            ),
+            (
+                "a path without a leading slash is refused",
+                request("db-0", "client", "@evil/health"),
+                Err("must start with"),
+            ),
+        ];
+        for (situation, req, expected) in rows {
+            let got = scope
+                .authorize(&req)
+                .map(|(host, port)| format!("http://{host}:{port}{}", req.path));
+            match (expected, got) {
+                (Ok(url), Ok(got)) => assert_eq!(got, url, "{situation}"),
+                (Err(fragment), Err(CallError::Refused(message))) => {
+                    assert!(message.contains(fragment), "{situation}: {message}")
+                }
+                (expected, got) => panic!("{situation}: expected {expected:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_handed_to_the_plugin_and_never_followed() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the redirect target");
+        let elsewhere_port = elsewhere.local_addr().expect("its address").port();
+        let reached = Arc::new(AtomicUsize::new(0));
+        let counted = reached.clone();
+        tokio::spawn(async move {
+            while elsewhere.accept().await.is_ok() {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let pod = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the pod");
+        let pod_port = pod.local_addr().expect("its address").port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = pod.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let reply = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:{elsewhere_port}/stolen\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = socket.write_all(reply.as_bytes()).await;
+            }
+        });
+        let pods = HashMap::from([(
+            "db-0".to_string(),
+            PodEndpoint {
+                ip: Some("127.0.0.1".into()),
+                named_ports: HashMap::from([("client".to_string(), pod_port)]),
+            },
+        )]);
+        let grants = Grants {
+            app_call_ports: vec!["client".into()],
+            ..Grants::default()
+        };
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let answer = scope
+            .call("p", request("db-0", "client", "/health"), None, 1024)
+            .await;
+        assert_eq!(answer.map(|r| r.status), Ok(307));
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
+    }
+}
