@@ -9,34 +9,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{probe_crd, shared, wait_for};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The CRD of the misbehaving test plugin's `Probe` kind.
-fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": { "name": "probes.test.policy-host.io" },
-        "spec": {
-            "group": "test.policy-host.io",
-            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": { "status": {} },
-                "schema": { "openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
-                    }
-                }}
-            }]
-        }
-    }))?)
-}
 
 /// Kills the child on drop if the test failed before it exited (by its PID, never by name).
 struct Host(Child);

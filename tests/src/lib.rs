@@ -213,3 +213,31 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+/// The CRD of the misbehaving test plugin's `Probe` kind: free-form spec and status, with the
+/// status subresource (shared by the host's and the end-to-end tests).
+pub fn probe_crd() -> serde_json::Result<
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+> {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": "probes.test.policy-host.io" },
+        "spec": {
+            "group": "test.policy-host.io",
+            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": { "status": {} },
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
+                    }
+                }}
+            }]
+        }
+    }))
+}

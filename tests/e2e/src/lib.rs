@@ -204,25 +204,5 @@ pub fn probes() -> kube::api::ApiResource {
 
 /// The CRD of `Probe`: free-form spec and status, with the status subresource.
 pub fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": { "name": "probes.test.policy-host.io" },
-        "spec": {
-            "group": "test.policy-host.io",
-            "names": { "kind": "Probe", "plural": "probes", "singular": "probe", "listKind": "ProbeList" },
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": { "status": {} },
-                "schema": { "openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-                        "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true }
-                    }
-                }}
-            }]
-        }
-    }))?)
+    Ok(policy_host_testenv::probe_crd()?)
 }
