@@ -78,7 +78,7 @@ fn default_version() -> String {
             name = "Phase",
             type_ = "string",
             json_path = ".status.phase",
-            description = "Creating, Running, Scaling or Failed"
+            description = "Creating, Running, Scaling, Paused or Failed"
         ),
         printcolumn(
             name = "Last Backup",
@@ -124,6 +124,12 @@ pub struct EtcdClusterSpec {
     /// creation: adding or removing it on a running cluster is refused and changes nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// Stop changing the cluster while a human works on it (the classic operator's field):
+    /// no member is added, removed, replaced or upgraded, no child is written or deleted, and
+    /// no snapshot is taken unless `backup.whilePaused`. The status keeps reporting what etcd
+    /// says, with a `Paused` condition. Set it back to `false` to resume where it stopped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// The Secrets of a TLS cluster, each with `ca.crt`, `tls.crt` and `tls.key` (as cert-manager
@@ -176,6 +182,11 @@ pub struct BackupSpec {
     /// keeps the same `keep` snapshots as the claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3BackupSpec>,
+    /// Keep taking snapshots (on demand and on schedule) while `spec.paused` is true. Off by
+    /// default: a paused cluster is one a human is working on (often restoring or moving
+    /// data by hand), and a backup Pod is a new workload reading from the members.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub while_paused: bool,
 }
 
 /// The S3-compatible bucket that receives a copy of every verified snapshot.
@@ -449,6 +460,8 @@ pub enum Phase {
     Scaling,
     /// The spec is invalid, or the cluster is lost and needs a human.
     Failed,
+    /// `spec.paused` is true: nothing is changed until it is set back to false.
+    Paused,
 }
 
 /// One etcd member.
@@ -490,6 +503,8 @@ pub struct ValidSpec {
     pub restore: Option<RestoreSpec>,
     /// TLS Secrets, if the cluster speaks TLS.
     pub tls: Option<TlsSpec>,
+    /// `spec.paused`: change nothing.
+    pub paused: bool,
 }
 
 /// Default of `spec.backup.keep`.
@@ -510,6 +525,8 @@ pub struct ValidBackup {
     pub restore_on_quorum_loss: bool,
     /// The object store each verified snapshot is uploaded to, if any.
     pub s3: Option<ValidS3>,
+    /// Snapshots continue while the cluster is paused.
+    pub while_paused: bool,
 }
 
 /// A validated `spec.backup.s3`.
@@ -652,6 +669,7 @@ impl EtcdClusterSpec {
             backup,
             restore: self.restore.clone(),
             tls: self.tls.clone(),
+            paused: self.paused,
         })
     }
 }
@@ -700,6 +718,7 @@ impl BackupSpec {
             keep,
             restore_on_quorum_loss: self.restore_on_quorum_loss,
             s3: self.s3.as_ref().map(S3BackupSpec::validate).transpose()?,
+            while_paused: self.while_paused,
         })
     }
 }

@@ -17,6 +17,9 @@
 //!   followers first and the leader last; downgrades and two-minor jumps are refused.
 //! - backup: one snapshot at a time, on demand or on schedule, listed in status only once a
 //!   throwaway etcd has restored and served it (`reconcile/backup.rs`).
+//! - paused (`spec.paused`): etcd is only read; no membership change, no child written or
+//!   deleted, no snapshot unless `backup.whilePaused`. Since every decision starts from what
+//!   it observes, unpausing resumes exactly where the cluster stands.
 //!
 //! These follow etcd's runtime reconfiguration guide
 //! (<https://etcd.io/docs/v3.6/op-guide/runtime-configuration/>): change one member at a
@@ -45,6 +48,8 @@ pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 /// Condition type: something needs attention (invalid spec, lost members).
 pub const DEGRADED: &str = "Degraded";
+/// Condition type: `spec.paused` holds every change (present once a cluster was paused).
+pub const PAUSED: &str = "Paused";
 
 /// Requeue delay while something is changing or the plugin waits for members.
 pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
@@ -157,11 +162,16 @@ pub fn reconcile(
         spec: &spec,
         children: &children,
         observed: &parent.status,
-        actions: vec![
-            Action::Apply(children::headless_service(&parent.cluster)),
-            Action::Apply(children::client_service(&parent.cluster)),
-            Action::Apply(children::pod_disruption_budget(&parent.cluster, spec.size)),
-        ],
+        // Paused: not even the Services are re-applied (a human may be editing them).
+        actions: if spec.paused {
+            Vec::new()
+        } else {
+            vec![
+                Action::Apply(children::headless_service(&parent.cluster)),
+                Action::Apply(children::client_service(&parent.cluster)),
+                Action::Apply(children::pod_disruption_budget(&parent.cluster, spec.size)),
+            ]
+        },
         events: Vec::new(),
         progress: None,
         degraded: None,
@@ -174,7 +184,14 @@ pub fn reconcile(
     };
     let view = step.contact(etcd);
     let outcome = match view {
+        Some(view) if spec.paused => step.reachable_paused(etcd, view),
         Some(view) => step.reachable(etcd, view),
+        None if spec.paused => Outcome::Unreachable {
+            why: step.progress.as_ref().map_or_else(
+                || "no member pod is Ready to ask".to_owned(),
+                |(_, why)| why.clone(),
+            ),
+        },
         None => step.unreachable(),
     };
     Ok(step.finish(&parent, outcome, observation.now))
@@ -445,6 +462,22 @@ impl<'a> Step<'a> {
         let list = self.membership_step(etcd, &view.contact, view.list, leader);
         self.backup(etcd, &view.contact);
         Outcome::Reachable { list, version }
+    }
+
+    /// etcd answered, but `spec.paused`: only read, and take snapshots if asked to.
+    fn reachable_paused(&mut self, etcd: &mut impl EtcdApi, view: EtcdView) -> Outcome {
+        let version = view
+            .status
+            .as_ref()
+            .map(|s| s.version.clone())
+            .filter(|v| !v.is_empty());
+        if self.spec.backup.as_ref().is_some_and(|b| b.while_paused) {
+            self.backup(etcd, &view.contact);
+        }
+        Outcome::Reachable {
+            list: view.list,
+            version,
+        }
     }
 }
 

@@ -5,12 +5,17 @@ use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use serde_json::Value;
 
 use super::{
-    AVAILABLE, DEGRADED, Outcome, PROGRESSING, Parent, REQUEUE_PROGRESSING_MS, REQUEUE_STEADY_MS,
-    Step,
+    AVAILABLE, DEGRADED, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_PROGRESSING_MS,
+    REQUEUE_STEADY_MS, Step,
 };
 use crate::children::quorum;
 use crate::protocol::{Action, Decision, EventType, Timestamp};
 use crate::spec::{MemberStatus, Phase};
+
+/// The `Paused` condition's message while `spec.paused` holds.
+pub(super) const PAUSED_MESSAGE: &str = "spec.paused is true: no member is added, removed, replaced or upgraded and no child is written; set spec.paused to false to resume";
+/// The `Paused` condition's message once unpaused.
+const RESUMED_MESSAGE: &str = "spec.paused is false: changes resumed";
 
 impl Step<'_> {
     /// Status, events and requeue.
@@ -88,7 +93,13 @@ impl Step<'_> {
             status.restoring = Some(snapshot);
         }
 
+        let paused = self.spec.paused;
+        if paused {
+            // What would be progressing is held: say that instead, and poll slowly.
+            self.progress = None;
+        }
         let progressing = match &self.progress {
+            _ if paused => Condition::new(PROGRESSING, false, "Paused", PAUSED_MESSAGE),
             Some((reason, message)) => Condition::new(PROGRESSING, true, reason, message.clone()),
             None => Condition::new(
                 PROGRESSING,
@@ -109,7 +120,28 @@ impl Step<'_> {
             );
         }
         let lost = matches!(&self.degraded, Some((reason, _)) if ["ClusterLost", "MemberLost", "QuorumLost"].contains(reason));
-        status.phase = Some(if lost {
+        let paused_condition = if paused {
+            Some(Condition::new(PAUSED, true, "Paused", PAUSED_MESSAGE))
+        } else {
+            parent
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == PAUSED && c.status == "True")
+                .then(|| Condition::new(PAUSED, false, "Resumed", RESUMED_MESSAGE))
+        };
+        if let Some(condition) = &paused_condition
+            && !already_set(&parent.status.conditions, condition)
+        {
+            self.event(
+                EventType::Normal,
+                &condition.reason,
+                condition.message.clone(),
+            );
+        }
+        status.phase = Some(if paused {
+            Phase::Paused
+        } else if lost {
             Phase::Failed
         } else if status.cluster_id.is_none() {
             Phase::Creating
@@ -118,7 +150,10 @@ impl Step<'_> {
         } else {
             Phase::Running
         });
-        for condition in [available, progressing, degraded] {
+        for condition in [available, progressing, degraded]
+            .into_iter()
+            .chain(paused_condition)
+        {
             set_condition(
                 &mut status.conditions,
                 condition.observed(parent.generation),

@@ -1,8 +1,9 @@
 //! Table-driven tests of the decisions: one row per situation, including every point where
 //! the host may stop between two steps of a membership change. Backup rows are in
-//! [`backup`].
+//! [`backup`], `spec.paused` rows in [`paused`].
 
 mod backup;
+mod paused;
 
 use policy_host_sdk::testing::Harness;
 use serde_json::{Value, json};
@@ -1582,7 +1583,11 @@ fn rows() -> Vec<Row> {
 #[test]
 fn decisions() {
     let mut failures = Vec::new();
-    for row in rows().into_iter().chain(backup::rows()) {
+    for row in rows()
+        .into_iter()
+        .chain(backup::rows())
+        .chain(paused::rows())
+    {
         let mut etcd = row.etcd.clone();
         let decision = match reconcile(&row.observation, &mut etcd) {
             Ok(d) => d,
