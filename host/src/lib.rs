@@ -118,6 +118,8 @@ pub struct Settings {
     pub controller: ControllerOptions,
     /// Leader election among replicas (`None`: this replica always leads).
     pub leader_election: Option<LeaseSettings>,
+    /// The keys plugin ConfigMaps must be signed by (empty: any pack loads).
+    pub trust: load::trust::TrustPolicy,
 }
 
 /// A running host's handles, for embedding (tests, benchmarks).
@@ -257,7 +259,8 @@ pub async fn run(
                 limits: settings.limits.clone(),
                 concurrency: settings.controller.concurrency,
             },
-        );
+        )
+        .with_trust(settings.trust.clone());
         let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
         let loaded = health.clone();
         tokio::spawn(async move {

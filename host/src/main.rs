@@ -62,6 +62,16 @@ enum Command {
         /// Take part in leader election (`--leader-election false`: always lead).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         leader_election: bool,
+        /// Load only plugin ConfigMaps signed by this ed25519 public key (PEM); repeat for
+        /// several. Without any, every pack in --plugin-namespace loads.
+        #[arg(long = "trusted-key", value_name = "PUBLIC_KEY_PEM")]
+        trusted_keys: Vec<PathBuf>,
+    },
+    /// Write a new ed25519 key pair for signing plugin packs: `<prefix>.pem` (private, keep it
+    /// out of the cluster) and `<prefix>.pub` (for the host's --trusted-key).
+    Keygen {
+        /// Path prefix of the two files, e.g. `./plugin-signing`.
+        prefix: PathBuf,
     },
     /// Load a plugin and print what it says about itself, as JSON.
     Describe {
@@ -126,6 +136,10 @@ enum Command {
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
+        /// Sign the pack (component and grants) with this ed25519 private key (PEM, PKCS#8),
+        /// for hosts run with --trusted-key.
+        #[arg(long, value_name = "PRIVATE_KEY_PEM")]
+        sign: Option<PathBuf>,
         #[command(flatten)]
         limits: PackLimitArgs,
     },
@@ -228,10 +242,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
             lease_namespace,
             lease_name,
             leader_election,
+            trusted_keys,
         } => {
             if policies.is_empty() && plugin_namespace.is_none() {
                 anyhow::bail!(
                     "nothing to load: give --policy plugin.wasm, or --plugin-namespace (or POD_NAMESPACE) to load plugin ConfigMaps"
+                );
+            }
+            let trust = policy_host::load::trust::TrustPolicy::from_files(&trusted_keys)?;
+            if trust.is_enforced() {
+                tracing::info!(keys = %trust.describe(), "plugin ConfigMaps must be signed by one of these keys");
+            } else if plugin_namespace.is_some() {
+                tracing::warn!(
+                    "no --trusted-key: any ConfigMap labelled policy-host.io/plugin=true in the plugin namespace loads code; see README \"Signed plugins\""
                 );
             }
             let client = kube::Client::try_default()
@@ -261,9 +284,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         None
                     }
                 },
+                trust,
             };
             let shutdown = shutdown_signal()?;
             policy_host::run(client, settings, shutdown, |_| {}).await?;
+        }
+        Command::Keygen { prefix } => {
+            let files = plugin_cli::keygen::keygen(&prefix)?;
+            println!(
+                "wrote {} (private: keep it out of the cluster) and {} (give it to the host as --trusted-key); key id {}",
+                files.private.display(),
+                files.public.display(),
+                files.id
+            );
         }
         Command::Describe { plugin } => {
             let bytes = std::fs::read(&plugin)
@@ -325,6 +358,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             exchange_grants,
             grant_requested,
             shadow,
+            sign,
             limits,
         } => {
             let request = plugin_cli::PackRequest {
@@ -337,6 +371,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 grant_requested,
                 limits: limits.spec(),
                 shadow,
+                sign,
             };
             print!(
                 "{}",

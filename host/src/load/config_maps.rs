@@ -28,6 +28,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
+use super::trust::{TrustError, TrustPolicy};
 use super::{LoadError, PluginLoader};
 use crate::decide::Plugin;
 use crate::metrics::Metrics;
@@ -39,6 +40,9 @@ pub enum RefusalError {
     /// The pack or the component was refused.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The pack is not signed by a key the host trusts.
+    #[error(transparent)]
+    Trust(#[from] TrustError),
     /// Another source already loaded a plugin of this name.
     #[error(
         "plugin `{plugin}` is already loaded from {other}; a plugin name may come from one source only: delete one of them, or rename the plugin"
@@ -88,6 +92,7 @@ impl RefusalError {
     pub fn reason(&self) -> &'static str {
         match self {
             RefusalError::Load(e) => e.reason(),
+            RefusalError::Trust(e) => e.reason(),
             RefusalError::NameTaken { .. } => "PluginNameTaken",
             RefusalError::TargetTaken { .. } => "PluginTargetTaken",
             RefusalError::ShadowTaken { .. } => "PluginShadowTaken",
@@ -132,6 +137,8 @@ pub struct ConfigMapSource {
     store: PolicyStore,
     metrics: Metrics,
     defaults: PackDefaults,
+    /// Whose signatures a pack needs (none: every pack loads).
+    trust: TrustPolicy,
     recorder: Recorder,
     known: HashMap<String, Known>,
     /// Told once the first list is loaded.
@@ -165,9 +172,16 @@ impl ConfigMapSource {
             store,
             metrics,
             defaults,
+            trust: TrustPolicy::default(),
             known: HashMap::new(),
             first_listed: None,
         }
+    }
+
+    /// Loads only packs signed by one of `trust`'s keys.
+    pub fn with_trust(mut self, trust: TrustPolicy) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// Sends on `listed` once the first list of plugin ConfigMaps is loaded (readiness).
@@ -253,8 +267,15 @@ impl ConfigMapSource {
             );
             return;
         }
-        let outcome = match PluginPack::from_config_map(cm, &self.defaults) {
-            Err(error) => Err(RefusalError::Load(LoadError::from(error))),
+        let pack = PluginPack::from_config_map(cm, &self.defaults)
+            .map_err(|e| RefusalError::Load(LoadError::from(e)))
+            .and_then(|pack| {
+                // Trust before compiling: an untrusted component is not even compiled.
+                self.trust.verify(cm, &pack.sha256)?;
+                Ok(pack)
+            });
+        let outcome = match pack {
+            Err(error) => Err(error),
             Ok(pack) if pack.mode == Mode::Shadow => {
                 self.load_shadow(cm, &source, pack, previous_policy.as_deref())
                     .await

@@ -18,6 +18,7 @@ pub mod artifact_cache;
 pub mod config_maps;
 pub mod pack;
 pub mod status;
+pub mod trust;
 
 use std::path::Path;
 use std::time::SystemTime;

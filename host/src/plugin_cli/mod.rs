@@ -2,14 +2,16 @@
 //! `simulate`: the same checks the host runs when it loads a ConfigMap, and the plugin's
 //! reconcile loop against a model, offline, with no cluster.
 
+pub mod keygen;
 pub mod simulate;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::capability::scope::{Grants, capability_text};
 use crate::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Plugin, Sandbox};
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
+use crate::load::trust::{SigningKey, TrustError};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
 
 /// Largest ConfigMap the API server stores (etcd's default request limit).
@@ -24,6 +26,9 @@ pub enum CliError {
     /// The sandbox could not start.
     #[error(transparent)]
     Sandbox(#[from] crate::decide::DecideError),
+    /// A signing key could not be used.
+    #[error(transparent)]
+    Trust(#[from] TrustError),
     /// The limits given are out of range.
     #[error("{0}")]
     Limits(String),
@@ -112,6 +117,8 @@ pub struct PackRequest {
     pub limits: LimitsSpec,
     /// Shadow instead of active.
     pub shadow: bool,
+    /// Sign the pack with this ed25519 private key (PEM, PKCS#8).
+    pub sign: Option<PathBuf>,
 }
 
 /// Validates the plugin as the host would, then writes its pack ConfigMap as YAML.
@@ -142,14 +149,27 @@ pub async fn pack(
             Mode::Active
         },
     };
-    let config_map =
+    // Read the key before the work is done: a wrong path fails fast.
+    let signer = request
+        .sign
+        .as_deref()
+        .map(SigningKey::from_pem_file)
+        .transpose()?;
+    let mut config_map =
         pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
+    if let Some(signer) = &signer {
+        signer.sign(&mut config_map, plugin.content_sha256());
+    }
     let size = serde_json::to_vec(&config_map).map_or(0, |v| v.len());
     if size > CONFIG_MAP_LIMIT {
         return Err(CliError::TooLarge { size });
     }
+    let signed = signer.map_or_else(
+        || "unsigned".to_owned(),
+        |s| format!("signed by key {}", s.id()),
+    );
     let header = format!(
-        "# {} packed by `policy-host pack` (sha256 {}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+        "# {} packed by `policy-host pack` (sha256 {}, {signed}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
         plugin.label(),
         plugin.content_sha256()
     );

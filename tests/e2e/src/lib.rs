@@ -115,6 +115,7 @@ impl HostUnderTest {
                 ..Default::default()
             },
             leader_election: None,
+            trust: Default::default(),
         })
     }
 

@@ -1,0 +1,522 @@
+//! Trust: which plugin ConfigMaps may load code — the admin's ed25519 public keys, and the
+//! check of a pack's signature against them.
+//!
+//! Without a trust policy anybody who can write a ConfigMap in the plugin namespace runs code
+//! through the host's ServiceAccount. With one (`--trusted-key`, repeatable), a pack loads only
+//! when it carries a signature, by one of those keys, over:
+//!
+//! ```text
+//! policy-host plugin signature v1
+//! sha256:<hex sha256 of the uncompressed component>
+//! grants:<data.grants exactly as written, empty when absent>
+//! ```
+//!
+//! The signature covers the grants as well as the code: what a plugin may reach is part of what
+//! the key holder approved, so a ConfigMap writer cannot widen a signed plugin's grants (the
+//! sha256 pin stays for integrity, the signature is what grants trust). Limits and mode are not
+//! covered: they only narrow what a plugin does (a shadow never writes).
+//!
+//! Why plain ed25519 and not sigstore/cosign: keyless signing needs Fulcio and Rekor on the
+//! network, and cosign's keyed signatures sign OCI manifests, which a ConfigMap pack is not;
+//! the `sigstore` crate would bring both stacks for one verification. ed25519 comes from `ring`,
+//! which the host already links for TLS, and its keys are the PEM files `openssl genpkey
+//! -algorithm ed25519` writes (or `policy-host keygen`).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{PrivatePkcs8KeyDer, SubjectPublicKeyInfoDer};
+use sha2::{Digest, Sha256};
+
+use super::pack::{GRANTS_KEY, sha256_hex};
+
+/// `data` key of the signature: 128 hex digits.
+pub const SIGNATURE_KEY: &str = "signature";
+/// `data` key naming the key that signed: its [`key_id`].
+pub const SIGNED_BY_KEY: &str = "signedBy";
+
+/// The DER prefix of an ed25519 SubjectPublicKeyInfo (RFC 8410): the 32-byte key follows.
+const ED25519_SPKI_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// Why a key file could not be used, or a pack is not trusted. Each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// A trusted-key file could not be read or is not an ed25519 public key.
+    #[error(
+        "trusted key {path}: {problem}; give a PEM `PUBLIC KEY` of an ed25519 key (`openssl pkey -in key.pem -pubout` or `policy-host keygen`)"
+    )]
+    BadPublicKey {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A signing key file could not be read or is not an ed25519 private key.
+    #[error(
+        "signing key {path}: {problem}; give a PEM `PRIVATE KEY` (PKCS#8) of an ed25519 key (`openssl genpkey -algorithm ed25519` or `policy-host keygen`)"
+    )]
+    BadPrivateKey {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The pack carries no signature.
+    #[error(
+        "ConfigMap {config_map} is not signed, and this host loads only plugins signed by {expected}; sign it with `policy-host pack --sign <key.pem>` using one of those keys"
+    )]
+    Unsigned {
+        /// namespace/name.
+        config_map: String,
+        /// The trusted key ids.
+        expected: String,
+    },
+    /// The pack is signed by a key the host does not trust.
+    #[error(
+        "ConfigMap {config_map} is signed by key {signed_by}, which this host does not trust (it trusts {expected}); sign it with one of those, or add the key with --trusted-key"
+    )]
+    UnknownKey {
+        /// namespace/name.
+        config_map: String,
+        /// The key id the pack names.
+        signed_by: String,
+        /// The trusted key ids.
+        expected: String,
+    },
+    /// The signature does not verify: the component or the grants changed since signing.
+    #[error(
+        "ConfigMap {config_map}: the signature by key {signed_by} does not match the component and grants ({problem}); they were changed after signing: repack and sign again with `policy-host pack --sign`"
+    )]
+    BadSignature {
+        /// namespace/name.
+        config_map: String,
+        /// The key id the pack names.
+        signed_by: String,
+        /// What failed.
+        problem: String,
+    },
+}
+
+impl TrustError {
+    /// A short CamelCase reason for Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TrustError::BadPublicKey { .. } | TrustError::BadPrivateKey { .. } => "TrustKeyInvalid",
+            TrustError::Unsigned { .. } => "PluginUnsigned",
+            TrustError::UnknownKey { .. } => "PluginUntrusted",
+            TrustError::BadSignature { .. } => "PluginSignatureInvalid",
+        }
+    }
+}
+
+/// A short, stable name of a public key: the first 16 hex digits of the sha256 of its 32 raw
+/// bytes. Shown in Events and written by `pack --sign` as `data.signedBy`.
+pub fn key_id(public_key: &[u8]) -> String {
+    let digest = Sha256::digest(public_key);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes a pack's signature covers.
+pub fn signed_message(component_sha256: &str, grants: &str) -> Vec<u8> {
+    format!("policy-host plugin signature v1\nsha256:{component_sha256}\ngrants:{grants}")
+        .into_bytes()
+}
+
+/// The grants text as signed: `data.grants` as written (empty when absent).
+fn grants_text(cm: &ConfigMap) -> &str {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(GRANTS_KEY))
+        .map_or("", String::as_str)
+}
+
+/// One trusted ed25519 public key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrustedKey {
+    /// [`key_id`] of `raw`.
+    pub id: String,
+    /// The 32 raw bytes.
+    raw: Vec<u8>,
+}
+
+impl TrustedKey {
+    /// Reads a PEM `PUBLIC KEY` file holding an ed25519 key.
+    pub fn from_pem_file(path: &Path) -> Result<TrustedKey, TrustError> {
+        let bad = |problem: String| TrustError::BadPublicKey {
+            path: path.display().to_string(),
+            problem,
+        };
+        let text = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+        let spki = SubjectPublicKeyInfoDer::from_pem_slice(&text)
+            .map_err(|e| bad(format!("no PEM PUBLIC KEY in it ({e})")))?;
+        let raw = spki
+            .as_ref()
+            .strip_prefix(ED25519_SPKI_PREFIX.as_slice())
+            .filter(|raw| raw.len() == 32)
+            .ok_or_else(|| bad("it is not an ed25519 key".to_owned()))?;
+        Ok(TrustedKey {
+            id: key_id(raw),
+            raw: raw.to_vec(),
+        })
+    }
+}
+
+/// The keys a pack must be signed by; empty: no trust policy, every pack loads.
+#[derive(Clone, Debug, Default)]
+pub struct TrustPolicy {
+    keys: Vec<TrustedKey>,
+}
+
+impl TrustPolicy {
+    /// A policy trusting exactly these keys.
+    pub fn new(keys: Vec<TrustedKey>) -> TrustPolicy {
+        TrustPolicy { keys }
+    }
+
+    /// Reads each file as a trusted public key (`--trusted-key`).
+    pub fn from_files(paths: &[PathBuf]) -> Result<TrustPolicy, TrustError> {
+        let keys = paths
+            .iter()
+            .map(|p| TrustedKey::from_pem_file(p))
+            .collect::<Result<_, _>>()?;
+        Ok(TrustPolicy { keys })
+    }
+
+    /// Whether packs must be signed.
+    pub fn is_enforced(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The trusted key ids, for messages.
+    pub fn describe(&self) -> String {
+        self.keys
+            .iter()
+            .map(|k| k.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Checks the signature of pack `cm` whose component hashes to `component_sha256`. Always
+    /// passes without a policy.
+    pub fn verify(&self, cm: &ConfigMap, component_sha256: &str) -> Result<(), TrustError> {
+        if !self.is_enforced() {
+            return Ok(());
+        }
+        let config_map = format!("{}/{}", cm.namespace().unwrap_or_default(), cm.name_any());
+        let data = cm.data.clone().unwrap_or_default();
+        let signature = data.get(SIGNATURE_KEY).map(|s| s.trim()).unwrap_or("");
+        let signed_by = data.get(SIGNED_BY_KEY).map(|s| s.trim()).unwrap_or("");
+        if signature.is_empty() {
+            return Err(TrustError::Unsigned {
+                config_map,
+                expected: self.describe(),
+            });
+        }
+        let Some(key) = self.keys.iter().find(|k| k.id == signed_by) else {
+            return Err(TrustError::UnknownKey {
+                config_map,
+                signed_by: signed_by.to_owned(),
+                expected: self.describe(),
+            });
+        };
+        let bad = |problem: &str| TrustError::BadSignature {
+            config_map: config_map.clone(),
+            signed_by: signed_by.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let signature =
+            from_hex(signature).ok_or_else(|| bad("data.signature is not 128 hex digits"))?;
+        UnparsedPublicKey::new(&ED25519, &key.raw)
+            .verify(
+                &signed_message(component_sha256, grants_text(cm)),
+                &signature,
+            )
+            .map_err(|_| bad("ed25519 verification failed"))
+    }
+}
+
+/// An ed25519 private key that signs packs (`policy-host pack --sign`).
+pub struct SigningKey {
+    pair: Ed25519KeyPair,
+}
+
+impl SigningKey {
+    /// Reads a PEM `PRIVATE KEY` (PKCS#8) file holding an ed25519 key, as `openssl genpkey
+    /// -algorithm ed25519` or `policy-host keygen` write it.
+    pub fn from_pem_file(path: &Path) -> Result<SigningKey, TrustError> {
+        let bad = |problem: String| TrustError::BadPrivateKey {
+            path: path.display().to_string(),
+            problem,
+        };
+        let text = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+        let der = PrivatePkcs8KeyDer::from_pem_slice(&text)
+            .map_err(|e| bad(format!("no PEM PRIVATE KEY in it ({e})")))?;
+        // openssl writes PKCS#8 v1 (no public key inside), which the checked form refuses.
+        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der())
+            .map_err(|e| bad(format!("it is not an ed25519 key ({e})")))?;
+        Ok(SigningKey { pair })
+    }
+
+    /// A new random key, as PKCS#8 DER (private) and SPKI DER (public).
+    pub fn generate() -> Result<(Vec<u8>, Vec<u8>), TrustError> {
+        let random = ring::rand::SystemRandom::new();
+        let pkcs8 =
+            Ed25519KeyPair::generate_pkcs8(&random).map_err(|e| TrustError::BadPrivateKey {
+                path: "(new key)".into(),
+                problem: format!("the system's random source failed ({e})"),
+            })?;
+        let pair =
+            Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|e| TrustError::BadPrivateKey {
+                path: "(new key)".into(),
+                problem: format!("ring refused its own key ({e})"),
+            })?;
+        let mut spki = ED25519_SPKI_PREFIX.to_vec();
+        spki.extend_from_slice(pair.public_key().as_ref());
+        Ok((pkcs8.as_ref().to_vec(), spki))
+    }
+
+    /// [`key_id`] of this key's public half.
+    pub fn id(&self) -> String {
+        key_id(self.pair.public_key().as_ref())
+    }
+
+    /// Writes `data.signature` and `data.signedBy` into pack `cm`, over its component's sha256
+    /// (`data.sha256`, which `pack` always writes) and its grants.
+    pub fn sign(&self, cm: &mut ConfigMap, component_sha256: &str) {
+        let message = signed_message(component_sha256, grants_text(cm));
+        let signature = self.pair.sign(&message);
+        let data = cm.data.get_or_insert_with(Default::default);
+        data.insert(SIGNATURE_KEY.to_owned(), to_hex(signature.as_ref()));
+        data.insert(SIGNED_BY_KEY.to_owned(), self.id());
+    }
+}
+
+/// `sha256_hex` re-exported for callers that sign a component they hold.
+pub fn component_sha256(component: &[u8]) -> String {
+    sha256_hex(component)
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() != 128 || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A fresh key pair written as the PEM files an admin would have.
+    struct Keys {
+        dir: PathBuf,
+        private: PathBuf,
+        public: PathBuf,
+    }
+
+    impl Keys {
+        fn new(name: &str) -> Keys {
+            let dir = std::env::temp_dir()
+                .join(format!("policy-host-trust-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let (pkcs8, spki) = SigningKey::generate().expect("a key");
+            let private = dir.join("key.pem");
+            let public = dir.join("key.pub");
+            std::fs::write(&private, pem("PRIVATE KEY", &pkcs8)).expect("write");
+            std::fs::write(&public, pem("PUBLIC KEY", &spki)).expect("write");
+            Keys {
+                dir,
+                private,
+                public,
+            }
+        }
+
+        fn signer(&self) -> SigningKey {
+            SigningKey::from_pem_file(&self.private).expect("signing key")
+        }
+
+        fn policy(&self) -> TrustPolicy {
+            TrustPolicy::from_files(std::slice::from_ref(&self.public)).expect("policy")
+        }
+    }
+
+    impl Drop for Keys {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn pem(label: &str, der: &[u8]) -> String {
+        crate::plugin_cli::keygen::pem(label, der)
+    }
+
+    const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn pack(grants: Option<&str>) -> ConfigMap {
+        let mut data = BTreeMap::new();
+        data.insert("sha256".to_owned(), SHA.to_owned());
+        if let Some(grants) = grants {
+            data.insert(GRANTS_KEY.to_owned(), grants.to_owned());
+        }
+        ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("etcd".into()),
+                namespace: Some("policy-host".into()),
+                ..Default::default()
+            },
+            data: Some(data),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn without_trusted_keys_every_pack_loads() {
+        assert!(TrustPolicy::default().verify(&pack(None), SHA).is_ok());
+    }
+
+    #[test]
+    fn a_pack_signed_by_a_trusted_key_loads() {
+        let keys = Keys::new("trusted");
+        let mut cm = pack(Some("appCall: [client]"));
+        keys.signer().sign(&mut cm, SHA);
+        assert_eq!(
+            keys.policy().verify(&cm, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn an_unsigned_pack_is_refused_naming_the_expected_key() {
+        let keys = Keys::new("unsigned");
+        let policy = keys.policy();
+        let error = policy.verify(&pack(None), SHA).expect_err("unsigned");
+        assert_eq!(error.reason(), "PluginUnsigned");
+        let id = keys.signer().id();
+        assert!(error.to_string().contains(&id), "{error}");
+        assert!(
+            error.to_string().contains("policy-host pack --sign"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_pack_signed_by_another_key_is_refused() {
+        let trusted = Keys::new("trusted-other");
+        let stranger = Keys::new("stranger");
+        let mut cm = pack(None);
+        stranger.signer().sign(&mut cm, SHA);
+        let error = trusted.policy().verify(&cm, SHA).expect_err("untrusted");
+        assert_eq!(error.reason(), "PluginUntrusted");
+        assert!(
+            error.to_string().contains(&stranger.signer().id()),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains(&trusted.signer().id()),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_signature_by_another_key_under_the_trusted_id_does_not_verify() {
+        let trusted = Keys::new("impersonated");
+        let stranger = Keys::new("impersonator");
+        let mut cm = pack(None);
+        stranger.signer().sign(&mut cm, SHA);
+        if let Some(data) = cm.data.as_mut() {
+            data.insert(SIGNED_BY_KEY.into(), trusted.signer().id());
+        }
+        let error = trusted.policy().verify(&cm, SHA).expect_err("forged");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    #[test]
+    fn another_component_under_a_signature_is_refused() {
+        let keys = Keys::new("component");
+        let mut cm = pack(None);
+        keys.signer().sign(&mut cm, SHA);
+        let other = SHA.replace('9', "8");
+        let error = keys.policy().verify(&cm, &other).expect_err("altered");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    #[test]
+    fn widened_grants_under_a_signature_are_refused() {
+        let keys = Keys::new("grants");
+        let mut cm = pack(Some("appCall: [client]"));
+        keys.signer().sign(&mut cm, SHA);
+        if let Some(data) = cm.data.as_mut() {
+            data.insert(GRANTS_KEY.into(), "appCall: [client, peer]".into());
+        }
+        let error = keys.policy().verify(&cm, SHA).expect_err("widened");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+        assert!(error.to_string().contains("sign again"), "{error}");
+    }
+
+    #[test]
+    fn a_garbled_signature_is_refused_not_a_panic() {
+        let keys = Keys::new("garbled");
+        let mut cm = pack(None);
+        keys.signer().sign(&mut cm, SHA);
+        for garbage in ["zz", "é".repeat(64).as_str(), &"0".repeat(128)] {
+            if let Some(data) = cm.data.as_mut() {
+                data.insert(SIGNATURE_KEY.into(), garbage.to_owned());
+            }
+            let error = keys.policy().verify(&cm, SHA).expect_err("garbled");
+            assert_eq!(error.reason(), "PluginSignatureInvalid", "{garbage}");
+        }
+    }
+
+    #[test]
+    fn key_files_that_are_not_ed25519_keys_are_clear_errors() {
+        let keys = Keys::new("files");
+        let error = TrustedKey::from_pem_file(&keys.private).expect_err("a private key");
+        assert_eq!(error.reason(), "TrustKeyInvalid");
+        let error = TrustedKey::from_pem_file(&keys.dir.join("missing.pub")).expect_err("no file");
+        assert!(error.to_string().contains("cannot read"), "{error}");
+        let error = SigningKey::from_pem_file(&keys.public)
+            .err()
+            .map(|e| e.to_string());
+        assert!(error.is_some_and(|e| e.contains("PRIVATE KEY")));
+        // An RSA-sized SPKI is not an ed25519 key.
+        let rsa = keys.dir.join("rsa.pub");
+        std::fs::write(&rsa, pem("PUBLIC KEY", &[0x30; 40])).expect("write");
+        let error = TrustedKey::from_pem_file(&rsa).expect_err("not ed25519");
+        assert!(error.to_string().contains("not an ed25519 key"), "{error}");
+    }
+
+    /// A key pair as `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout` wrote it
+    /// (PKCS#8 v1, no public key inside): a test key, never used for anything else.
+    const OPENSSL_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIJZdIy/3VuGhHNOL3hqUWszt8jzfv3SRZM5rfwkIUBoR\n-----END PRIVATE KEY-----\n";
+    const OPENSSL_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA5/OTfGbACR3RRmQ4BCSxmW2Oj+DQwGr5AyhXFcMPX1w=\n-----END PUBLIC KEY-----\n";
+
+    #[test]
+    fn keys_written_by_openssl_sign_and_verify() {
+        let keys = Keys::new("openssl");
+        let private = keys.dir.join("openssl.pem");
+        let public = keys.dir.join("openssl.pub");
+        std::fs::write(&private, OPENSSL_PRIVATE).expect("write");
+        std::fs::write(&public, OPENSSL_PUBLIC).expect("write");
+        let signer = SigningKey::from_pem_file(&private).expect("openssl's private key");
+        let trusted = TrustedKey::from_pem_file(&public).expect("openssl's public key");
+        assert_eq!(signer.id(), trusted.id);
+        let mut cm = pack(Some("appCall: [client]"));
+        signer.sign(&mut cm, SHA);
+        let policy = TrustPolicy::new(vec![trusted]);
+        assert_eq!(policy.verify(&cm, SHA).map_err(|e| e.to_string()), Ok(()));
+    }
+}
