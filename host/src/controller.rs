@@ -19,11 +19,12 @@ use serde_json::json;
 
 use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
 use crate::capability::replay::AppCallRecorder;
-use crate::capability::scope::AppCallScope;
+use crate::capability::scope::{AppCallScope, Grants};
+use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod};
 use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
-use crate::observe::{ChildCache, observe};
+use crate::observe::{ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
 
@@ -143,6 +144,8 @@ pub struct PolicyController {
     finalizer_grace: Duration,
     /// Permits for shadow runs in flight (see [`SHADOW_RUNS_IN_FLIGHT`]).
     shadow_slots: Arc<tokio::sync::Semaphore>,
+    /// The parents' chaos drills (`policy-host.io/chaos`).
+    chaos: ChaosSchedule,
 }
 
 /// Options for a policy's controller.
@@ -268,6 +271,7 @@ pub async fn run(
         failures: Mutex::new(HashMap::new()),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
         finalizer_grace: options.finalizer_grace,
+        chaos: ChaosSchedule::default(),
     });
     tracing::info!(
         policy = %policy,
@@ -376,6 +380,9 @@ async fn reconcile(
     let inherited = ctx.inherited_finalizers(&parent);
     let deleting = parent.meta().deletion_timestamp.is_some();
 
+    if deleting {
+        ctx.chaos.forget(&parent.uid().unwrap_or_default());
+    }
     if deleting && !has_own && inherited.is_empty() {
         return Ok(ControllerAction::await_change());
     }
@@ -481,11 +488,13 @@ async fn reconcile(
         .for_plugin(plugin.label())
         .apply_decision(&parent, &observed, decision.actions)
         .await?;
+    // After the decision is carried out, never instead of it: a drill only adds a kill.
+    let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
     ctx.succeeded(&parent);
-    Ok(ControllerAction::requeue(requeue_delay(
-        decision.requeue_after_ms,
-        DEFAULT_RESYNC,
-    )))
+    let requeue = requeue_delay(decision.requeue_after_ms, DEFAULT_RESYNC);
+    Ok(ControllerAction::requeue(
+        drill_due.map_or(requeue, |due| requeue.min(due)),
+    ))
 }
 
 fn error_policy(
@@ -539,6 +548,77 @@ fn error_policy(
 }
 
 impl PolicyController {
+    /// Runs the parent's chaos drill if it asks for one and the plugin is granted chaos: kills
+    /// one of its own Pods when due, with an Event. Returns when the drill next needs a look.
+    async fn chaos_drill(
+        &self,
+        parent: &DynamicObject,
+        observed: &Observed,
+        grants: &Grants,
+    ) -> Option<Duration> {
+        let uid = parent.uid()?;
+        let annotation = parent.annotations().get(CHAOS_ANNOTATION).cloned();
+        let (event_type, reason, message, due) = match self.chaos.turn(
+            &uid,
+            annotation.as_deref(),
+            grants.chaos,
+            Instant::now(),
+        ) {
+            Turn::Idle => return None,
+            Turn::Wait(due) => return Some(due),
+            Turn::Refused(reason, message) => (EventType::Warning, reason, message, None),
+            Turn::Kill(next) => {
+                let drill = annotation.unwrap_or_default();
+                let seed = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                let Some((pod, pod_uid)) = pick_pod(&observed.observation, seed) else {
+                    tracing::debug!(parent = %parent.name_any(), "chaos drill: no pod to kill");
+                    return Some(next);
+                };
+                let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                    Api::namespaced(self.client.clone(), &parent.namespace().unwrap_or_default());
+                let params = kube::api::DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(pod_uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match pods.delete(&pod, &params).await {
+                    Ok(_) => (
+                        EventType::Normal,
+                        "ChaosPodKilled",
+                        format!(
+                            "chaos drill `{drill}`: killed pod {pod}; the next kill in {next:?}"
+                        ),
+                        Some(next),
+                    ),
+                    Err(error) => (
+                        EventType::Warning,
+                        "ChaosKillFailed",
+                        format!(
+                            "chaos drill `{drill}`: deleting pod {pod} failed: {}; trying again in {next:?}",
+                            crate::act::api_error_text(&error)
+                        ),
+                        Some(next),
+                    ),
+                }
+            }
+        };
+        tracing::info!(parent = %parent.name_any(), reason, "{message}");
+        let event = Event {
+            event_type,
+            reason: reason.to_owned(),
+            message,
+        };
+        if let Err(error) = self.executor.record_event(parent, event).await {
+            tracing::warn!(%error, "cannot record the chaos drill's Event");
+        }
+        due
+    }
+
     /// Runs the shadow candidate off the reconcile's path (it never delays the active
     /// decision) and reports how it compares: a metric always, a log line and an Event on the
     /// parent when it differs.

@@ -41,6 +41,8 @@ pub mod capability;
 pub mod act;
 
 pub mod shadow;
+// Beside act: the host's own writes for a parent's opt-in chaos drill.
+pub mod chaos;
 
 pub mod admin;
 pub mod metrics;

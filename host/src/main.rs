@@ -133,6 +133,9 @@ enum Command {
         /// Grant every capability the plugin asks for.
         #[arg(long)]
         grant_requested: bool,
+        /// Let its parents ask for chaos drills on their own pods (`policy-host.io/chaos`).
+        #[arg(long)]
+        grant_chaos: bool,
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
@@ -357,6 +360,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grants,
             exchange_grants,
             grant_requested,
+            grant_chaos,
             shadow,
             sign,
             limits,
@@ -367,6 +371,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 grants: policy_host::capability::scope::Grants {
                     app_call_ports: grants,
                     exchange_ports: exchange_grants,
+                    chaos: grant_chaos,
                 },
                 grant_requested,
                 limits: limits.spec(),

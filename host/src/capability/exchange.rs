@@ -445,6 +445,7 @@ mod tests {
         let grants = Grants {
             app_call_ports: vec!["admin".into()],
             exchange_ports: exchange_ports.iter().map(|p| (*p).to_owned()).collect(),
+            ..Grants::default()
         };
         AppCallScope::new("ns/app".into(), pods, grants, http_client())
     }

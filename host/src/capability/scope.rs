@@ -21,6 +21,8 @@ pub struct Grants {
     pub app_call_ports: Vec<String>,
     /// Ports (names or numbers) of its own pods the plugin may hold TCP exchanges with.
     pub exchange_ports: Vec<String>,
+    /// Parents may ask for chaos drills (`policy-host.io/chaos`) killing their own pods.
+    pub chaos: bool,
 }
 
 impl Grants {
@@ -47,14 +49,15 @@ impl Grants {
 
     /// True when nothing is granted.
     pub fn is_empty(&self) -> bool {
-        self.app_call_ports.is_empty() && self.exchange_ports.is_empty()
+        self.app_call_ports.is_empty() && self.exchange_ports.is_empty() && !self.chaos
     }
 
     /// The grants as capabilities, for logs and Events: `app-call(client)`, `exchange(redis)`.
     pub fn describe(&self) -> Vec<String> {
         let app_calls = self.app_call_ports.iter().map(|p| format!("app-call({p})"));
         let exchanges = self.exchange_ports.iter().map(|p| format!("exchange({p})"));
-        app_calls.chain(exchanges).collect()
+        let chaos = self.chaos.then(|| "chaos".to_owned());
+        app_calls.chain(exchanges).chain(chaos).collect()
     }
 }
 

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one |
 //! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
-//! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis]}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with; absent means none |
+//! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, and whether its parents may ask for chaos drills ([`crate::chaos`]); absent means none |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
 //! | `mode` | `data`, optional | `active` (default) or `shadow` |
 //!
@@ -88,6 +88,9 @@ pub struct GrantsSpec {
     /// Ports (names or numbers) of its own pods the plugin may hold TCP exchanges with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exchange: Vec<String>,
+    /// Parents may ask for chaos drills on their own pods (`policy-host.io/chaos`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chaos: bool,
 }
 
 /// The defaults a pack's limits start from (the host's command-line limits).
@@ -307,6 +310,7 @@ impl PluginPack {
             grants: Grants {
                 app_call_ports: grants.app_call,
                 exchange_ports: grants.exchange,
+                chaos: grants.chaos,
             },
             limits,
             concurrency,
@@ -407,6 +411,7 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
         let grants = GrantsSpec {
             app_call: options.grants.app_call_ports.clone(),
             exchange: options.grants.exchange_ports.clone(),
+            chaos: options.grants.chaos,
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
     }
@@ -462,6 +467,7 @@ mod tests {
             grants: Grants {
                 app_call_ports: vec!["client".into()],
                 exchange_ports: Vec::new(),
+                chaos: true,
             },
             limits: LimitsSpec {
                 deadline_ms: Some(2500),
@@ -493,6 +499,7 @@ mod tests {
         assert_eq!(pack.component, COMPONENT);
         assert_eq!(pack.sha256, sha256_hex(COMPONENT));
         assert_eq!(pack.grants.app_call_ports, vec!["client".to_string()]);
+        assert!(pack.grants.chaos);
         assert_eq!(pack.limits.deadline, Duration::from_millis(2500));
         assert_eq!(
             pack.limits.memory_bytes,
