@@ -582,6 +582,11 @@ impl Version {
     pub fn supports_learners(&self) -> bool {
         (self.major, self.minor) >= (3, 4)
     }
+
+    /// Whether etcd at this version takes `--max-learners` (etcd 3.6+; 3.5 allows one).
+    pub fn supports_max_learners(&self) -> bool {
+        (self.major, self.minor) >= (3, 6)
+    }
 }
 
 impl fmt::Display for Version {

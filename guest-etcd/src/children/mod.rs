@@ -33,7 +33,10 @@ pub mod services;
 
 pub use backup_pod::{SnapshotCause, backup_pod};
 pub use claims::{backup_claim, member_claim};
-pub use member::{ClusterState, MemberPod, member_pod, with_image, with_restore};
+pub use member::{
+    ClusterState, MAX_LEARNERS, MemberPod, member_pod, runs_parallel_learners, with_image,
+    with_restore,
+};
 pub use observed::ObservedChildren;
 pub use services::{client_service, headless_service, pod_disruption_budget};
 

@@ -171,35 +171,51 @@ impl Step<'_> {
         if members.len() > size {
             return self.shrink(etcd, contact, &list, leader);
         }
-        if let Some(learner) = members.iter().find(|m| m.member.is_learner) {
-            let pod = learner
-                .pod
-                .clone()
-                .unwrap_or_else(|| learner.member.name.clone());
-            if !learner.member.is_started() {
-                self.progressing(
-                    "AddingMember",
-                    format!("waiting for learner {pod} to start"),
-                );
-                return list;
+        let learners: Vec<&MemberInPod> = members.iter().filter(|m| m.member.is_learner).collect();
+        if !learners.is_empty() {
+            // Every member on --max-learners: the next learner joins while this one catches
+            // up, so etcd's 5 s wait after a promotion is not paid once per member
+            // (children::MAX_LEARNERS says why).
+            if members.len() < size
+                && !self.version_blocked
+                && learners.len() < children::MAX_LEARNERS
+                && self.parallel_learners(&members)
+            {
+                return self.grow(etcd, contact, &list, &members);
             }
-            // Promotion fails until the learner has caught up with the leader's log:
-            // that is the normal "not yet", retried on the next reconcile.
-            return match etcd.member_promote(contact, learner.member.id) {
-                Ok(after) => {
-                    self.event(
-                        EventType::Normal,
-                        "MemberPromoted",
-                        format!("promoted learner {pod} to voting member"),
+            for learner in learners {
+                let pod = learner
+                    .pod
+                    .clone()
+                    .unwrap_or_else(|| learner.member.name.clone());
+                if !learner.member.is_started() {
+                    self.progressing(
+                        "AddingMember",
+                        format!("waiting for learner {pod} to start"),
                     );
-                    self.progressing("AddingMember", format!("promoted {pod}"));
-                    after
+                    continue;
                 }
-                Err(e) => {
-                    self.progressing("AddingMember", format!("learner {pod} is catching up: {e}"));
-                    list
+                // Promotion fails until the learner has caught up with the leader's log:
+                // that is the normal "not yet", retried on the next reconcile.
+                match etcd.member_promote(contact, learner.member.id) {
+                    Ok(after) => {
+                        self.event(
+                            EventType::Normal,
+                            "MemberPromoted",
+                            format!("promoted learner {pod} to voting member"),
+                        );
+                        self.progressing("AddingMember", format!("promoted {pod}"));
+                        return after;
+                    }
+                    Err(e) => {
+                        self.progressing(
+                            "AddingMember",
+                            format!("learner {pod} is catching up: {e}"),
+                        );
+                    }
                 }
-            };
+            }
+            return list;
         }
         if self.version_blocked {
             return list;
@@ -223,6 +239,18 @@ impl Step<'_> {
         list
     }
 
+    /// Whether another learner may join beside the current ones: every member has started
+    /// and runs in a pod with `--max-learners`, since each member checks the limit itself.
+    fn parallel_learners(&self, members: &[MemberInPod]) -> bool {
+        members.iter().all(|m| {
+            m.member.is_started()
+                && m.pod
+                    .as_deref()
+                    .and_then(|p| self.children.pod(p))
+                    .is_some_and(|p| !p.is_gone() && children::runs_parallel_learners(&p.object))
+        })
+    }
+
     fn delete_member_pod_only(&mut self, pod: &str) {
         self.actions.push(Action::Delete {
             kind: children::pod_kind(),
@@ -238,6 +266,7 @@ impl Step<'_> {
         list: &MemberList,
         members: &[MemberInPod],
     ) -> MemberList {
+        // A learner catching up is not Ready yet and need not be: it holds no vote.
         let waiting: Vec<String> = members
             .iter()
             .filter(|m| {
@@ -245,7 +274,7 @@ impl Step<'_> {
                     || m.pod
                         .as_deref()
                         .and_then(|p| self.children.pod(p))
-                        .is_none_or(|p| !p.ready || p.is_gone())
+                        .is_none_or(|p| (!p.ready && !m.member.is_learner) || p.is_gone())
             })
             .map(|m| {
                 m.pod

@@ -53,6 +53,8 @@ pub const PAUSED: &str = "Paused";
 
 /// Requeue delay while something is changing or the plugin waits for members.
 pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
+/// Requeue delay while a learner starts or catches up (the host's floor is 1 s).
+pub const REQUEUE_ADDING_MS: u64 = 1_000;
 /// Requeue delay when the cluster matches its spec (a health check).
 pub const REQUEUE_STEADY_MS: u64 = 30_000;
 /// Restarts after which a member whose pod is not Ready is crash-looping: its data or its

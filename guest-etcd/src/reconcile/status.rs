@@ -5,8 +5,8 @@ use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use serde_json::Value;
 
 use super::{
-    AVAILABLE, DEGRADED, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_PROGRESSING_MS,
-    REQUEUE_STEADY_MS, Step,
+    AVAILABLE, DEGRADED, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_ADDING_MS,
+    REQUEUE_PROGRESSING_MS, REQUEUE_STEADY_MS, Step,
 };
 use crate::children::quorum;
 use crate::protocol::{Action, Decision, EventType, Timestamp};
@@ -170,6 +170,10 @@ impl Step<'_> {
         ));
         let requeue = if steady {
             REQUEUE_STEADY_MS
+        } else if matches!(self.progress, Some(("AddingMember", _))) {
+            // A learner starting or catching up is done within a second or two: look again
+            // at the host's shortest requeue rather than the usual pace.
+            REQUEUE_ADDING_MS
         } else {
             REQUEUE_PROGRESSING_MS
         };

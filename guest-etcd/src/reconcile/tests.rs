@@ -297,6 +297,17 @@ fn on_image(mut child: Child, image: &str) -> Child {
     child
 }
 
+/// The same pod as created before `--max-learners` (or on etcd 3.5): its cluster takes one
+/// learner at a time.
+fn serial(mut child: Child) -> Child {
+    let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    if let Some(args) = object["spec"]["containers"][0]["args"].as_array_mut() {
+        args.retain(|a| a != crate::children::member::MAX_LEARNERS_FLAG);
+    }
+    child.object = object.to_string();
+    child
+}
+
 fn ready(name: &str) -> Child {
     pod_child(name, "Running", true, false)
 }
@@ -546,7 +557,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberAdded"],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
                 let args = pod_args(d, "ex-1");
                 assert!(
@@ -574,7 +585,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &[],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
                 let args = pod_args(d, "ex-1");
                 assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
@@ -596,15 +607,15 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &[],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: no_check,
         },
         Row {
-            name: "a started learner is promoted",
+            name: "a started learner is promoted (members without --max-learners: one learner at a time)",
             observation: observation(
                 spec(3),
                 Some(recorded(&["ex-0"])),
-                vec![ready("ex-0"), starting("ex-1")],
+                vec![serial(ready("ex-0")), serial(starting("ex-1"))],
             ),
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")]),
             changes: &["promote 2"],
@@ -612,7 +623,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberPromoted"],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
                 assert_eq!(summarize(d).status["members"][1]["learner"], false);
             },
@@ -622,7 +633,7 @@ fn rows() -> Vec<Row> {
             observation: observation(
                 spec(3),
                 Some(recorded(&["ex-0"])),
-                vec![ready("ex-0"), starting("ex-1")],
+                vec![serial(ready("ex-0")), serial(starting("ex-1"))],
             ),
             etcd: FakeEtcd {
                 promote_refused: true,
@@ -633,7 +644,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &[],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
                 let s = summarize(d);
                 let progressing = condition(&s.status, "Progressing")
@@ -651,6 +662,81 @@ fn rows() -> Vec<Row> {
                     Some(json!("False"))
                 );
             },
+        },
+        Row {
+            name: "a started learner catching up: the next learner joins beside it, before any promotion",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")]),
+            changes: &["add http://ex-2.ex.ns.svc:2380 learner=true"],
+            applied: &["Pod/ex-2"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: |d, _| {
+                let args = pod_args(d, "ex-2");
+                assert!(args.contains(&"--max-learners=2".to_owned()), "{args:?}");
+                assert!(
+                    args.contains(&"--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380,ex-1=http://ex-1.ex.ns.svc:2380,ex-2=http://ex-2.ex.ns.svc:2380".to_owned()),
+                    "{args:?}"
+                );
+            },
+        },
+        Row {
+            name: "two learners (the limit): the first that caught up is promoted, no third is added",
+            observation: observation(
+                spec(5),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1"), starting("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                learner(2, "ex-1"),
+                learner(3, "ex-2"),
+            ]),
+            changes: &["promote 2"],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/MemberPromoted"],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: no_check,
+        },
+        Row {
+            name: "an unstarted learner: no second learner joins until it has started",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![ready("ex-0"), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), unstarted(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: no_check,
+        },
+        Row {
+            name: "one member without --max-learners keeps the cluster to one learner at a time",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![serial(ready("ex-0")), starting("ex-1")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")]),
+            changes: &["promote 2"],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/MemberPromoted"],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: no_check,
         },
         Row {
             name: "scale up waits while a member pod is not Ready",
@@ -726,7 +812,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberAdded"],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: no_check,
         },
         Row {
@@ -741,7 +827,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &[],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: no_check,
         },
         Row {
@@ -928,7 +1014,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberAdded"],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: no_check,
         },
         Row {
@@ -1025,7 +1111,7 @@ fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberAdded"],
             phase: "Scaling",
-            requeue: Some(2_000),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: no_check,
         },
         Row {

@@ -204,7 +204,7 @@ pub(super) fn rows() -> Vec<Row> {
             deleted: &[],
             events: &["Normal/MemberAdded", "Normal/Resumed"],
             phase: "Scaling",
-            requeue: Some(REQUEUE_PROGRESSING_MS),
+            requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
                 let status = summarize(d).status;
                 let paused = condition(&status, "Paused").cloned().unwrap_or_default();
