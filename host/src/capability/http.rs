@@ -28,6 +28,53 @@ pub fn http_client() -> reqwest::Client {
         })
 }
 
+/// A response body as read: at most the limit, and whether more was there.
+pub(crate) struct BodyRead {
+    /// The text (cut at a character boundary).
+    pub text: String,
+    /// The pod sent more than the limit; the rest was never read.
+    pub cut: bool,
+}
+
+/// Reads `response`'s body chunk by chunk and stops past `limit` bytes: dropping the response
+/// closes the connection, so a pod that streams without end costs the host `limit` bytes,
+/// never its memory (review #2). Text that is not UTF-8 is read lossily.
+pub(crate) async fn read_body(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<BodyRead, reqwest::Error> {
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut cut = false;
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit - bytes.len();
+        if chunk.len() > room {
+            bytes.extend_from_slice(&chunk[..room]);
+            cut = true;
+            break;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        // Cut inside a character: keep what is whole.
+        Err(e) if e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut bytes = e.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).unwrap_or_default()
+        }
+        Err(e) => {
+            // Replacement characters are longer than the bytes they replace: cut again.
+            let mut text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            if text.len() > limit {
+                text.truncate(text.floor_char_boundary(limit));
+            }
+            text
+        }
+    };
+    Ok(BodyRead { text, cut })
+}
+
 impl AppCallScope {
     /// Checks the request against the scope, then sends it (over HTTPS with `tls`), or answers
     /// it from the script. Scripts and recordings match on the request alone: TLS is how a
@@ -94,18 +141,23 @@ impl AppCallScope {
             }
         })?;
         let status = response.status().as_u16();
-        let mut body = response
-            .text()
+        let body = read_body(response, body_limit)
             .await
             .map_err(|e| CallError::Unreachable(format!("{url}: reading the response: {e}")))?;
-        if body.len() > body_limit {
-            let mut cut = body_limit;
-            while !body.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            body.truncate(cut);
+        if body.cut {
+            tracing::warn!(
+                plugin,
+                parent = %self.parent,
+                pod = %request.pod,
+                path = %request.path,
+                limit = body_limit,
+                "app-call response cut at the plugin's output limit; the rest was not read"
+            );
         }
-        Ok(Response { status, body })
+        Ok(Response {
+            status,
+            body: body.text,
+        })
     }
 
     /// The client to send the request with and its URL, or why it is refused.
@@ -340,6 +392,73 @@ mod tests {
                 (expected, got) => panic!("{situation}: expected {expected:?}, got {got:?}"),
             }
         }
+    }
+
+    /// A pod that answers 200 and then streams body bytes until the connection is closed;
+    /// returns its port and a counter of the body bytes it managed to send.
+    async fn endless_pod() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the pod");
+        let port = listener.local_addr().expect("its address").port();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = sent.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buffer = [0u8; 4096];
+                    let _ = socket.read(&mut buffer).await;
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+                    while socket.write_all(chunk.as_bytes()).await.is_ok() {
+                        counted.fetch_add(64 * 1024, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        (port, sent)
+    }
+
+    #[tokio::test]
+    async fn an_endless_response_is_read_only_up_to_the_limit_then_dropped() {
+        use std::sync::atomic::Ordering;
+
+        let (port, sent) = endless_pod().await;
+        let pods = HashMap::from([(
+            "db-0".to_string(),
+            PodEndpoint {
+                ip: Some("127.0.0.1".into()),
+                named_ports: HashMap::from([("client".to_string(), port)]),
+                ..PodEndpoint::default()
+            },
+        )]);
+        let grants = Grants {
+            app_call_ports: vec!["client".into()],
+            ..Grants::default()
+        };
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let limit = 100_000;
+        let answer = scope
+            .call("p", request("db-0", "client", "/health"), None, limit)
+            .await;
+        let response = answer.expect("the response, cut at the limit");
+        assert_eq!(response.status, 200);
+        assert_eq!(response.body.len(), limit);
+        // The host stopped reading at the limit: the pod could only fill the socket buffers.
+        let sent = sent.load(Ordering::SeqCst);
+        assert!(
+            sent < 16 << 20,
+            "the host read {sent} bytes for a {limit} byte limit"
+        );
     }
 
     #[tokio::test]

@@ -4,7 +4,7 @@
 //!
 //! Secrets are read through the API (not watched: a host that makes no TLS call needs no
 //! access to Secrets) and kept for [`SECRET_TTL`], so a rotated certificate is used within
-//! that time. HTTPS clients are kept per Secret version, server name and pod address, so a
+//! that time; a Secret found missing is not asked for again for [`MISSING_SECRET_TTL`]. HTTPS clients are kept per Secret version, server name and pod address, so a
 //! reconcile's calls to the same pod reuse one connection.
 
 use std::collections::HashMap;
@@ -37,6 +37,8 @@ const KEY_KEY: &str = "tls.key";
 pub struct AppTls {
     client: kube::Client,
     secrets: Arc<Mutex<HashMap<SecretKey, CachedConfig>>>,
+    /// Secrets found missing, and when.
+    missing: Arc<Mutex<HashMap<SecretKey, Instant>>>,
     clients: Arc<Mutex<HashMap<ClientKey, reqwest::Client>>>,
 }
 
@@ -56,6 +58,13 @@ struct CachedConfig {
     config: Arc<rustls::ClientConfig>,
 }
 
+/// How long a Secret found missing is not asked for again: a plugin that names Secrets that
+/// do not exist costs one GET per name per period, not one per call (review #18).
+pub const MISSING_SECRET_TTL: Duration = Duration::from_secs(10);
+
+/// More missing Secret names than this and the list starts again (bounded memory).
+const MAX_MISSING: usize = 1024;
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ClientKey {
     namespace: String,
@@ -71,6 +80,7 @@ impl AppTls {
         Self {
             client,
             secrets: Arc::default(),
+            missing: Arc::default(),
             clients: Arc::default(),
         }
     }
@@ -88,6 +98,18 @@ impl AppTls {
             return Err(CallError::Refused(format!(
                 "TLS server name `{}` is not a DNS name or IP address",
                 tls.server_name
+            )));
+        }
+        // The client overrides DNS for the server name (`resolve`), but an IP literal is
+        // dialled as it is: any other address would let a plugin reach past its pods
+        // (review #4).
+        if let Ok(ip) = tls.server_name.parse::<IpAddr>()
+            && ip != addr.ip()
+        {
+            return Err(CallError::Refused(format!(
+                "TLS server name `{}` is an IP address other than the pod's IP {}; name the pod by the DNS name in its certificate (or by its own IP)",
+                tls.server_name,
+                addr.ip()
             )));
         }
         let (resource_version, config) = self.config(namespace, &tls.secret).await?;
@@ -140,17 +162,34 @@ impl AppTls {
         {
             return Ok((cached.resource_version.clone(), cached.config.clone()));
         }
+        let not_found = || {
+            CallError::Refused(format!(
+                "Secret `{namespace}/{secret}` named for TLS does not exist; create it with `{CA_KEY}` (and `{CERT_KEY}`, `{KEY_KEY}` for a client certificate)"
+            ))
+        };
+        if self
+            .missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < MISSING_SECRET_TTL)
+        {
+            return Err(not_found());
+        }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let found = api.get_opt(secret).await.map_err(|e| {
             CallError::Refused(format!(
                 "cannot read Secret `{namespace}/{secret}` for TLS: {e}; the host needs `get` on secrets in that namespace (deploy/rbac)"
             ))
         })?;
-        let found = found.ok_or_else(|| {
-            CallError::Refused(format!(
-                "Secret `{namespace}/{secret}` named for TLS does not exist; create it with `{CA_KEY}` (and `{CERT_KEY}`, `{KEY_KEY}` for a client certificate)"
-            ))
-        })?;
+        let Some(found) = found else {
+            let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
+            if missing.len() >= MAX_MISSING {
+                missing.clear();
+            }
+            missing.insert(key, Instant::now());
+            return Err(not_found());
+        };
         let config = Arc::new(client_config(&found).map_err(|why| {
             CallError::Refused(format!(
                 "Secret `{namespace}/{secret}` cannot be used for TLS: {why}"
@@ -232,6 +271,90 @@ mod tests {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
     use super::*;
+
+    /// A stand-in for the API server (a unit-test fake, not a model of it): every request
+    /// gets a 404 Status, as for a Secret that does not exist; the counter says how many came.
+    async fn api_without_secrets() -> (kube::Client, std::sync::Arc<std::sync::atomic::AtomicUsize>)
+    {
+        use std::sync::atomic::Ordering;
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the fake API server");
+        let port = listener.local_addr().expect("its address").port();
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buffer = [0u8; 8192];
+                    while let Ok(n) = socket.read(&mut buffer).await {
+                        if n == 0 {
+                            return;
+                        }
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"secrets not found"}"#;
+                        let reply = format!(
+                            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}").parse().expect("a URL");
+        let client = kube::Client::try_from(kube::Config::new(url)).expect("a client");
+        (client, requests)
+    }
+
+    fn tls_client(secret: &str, server_name: &str) -> TlsClient {
+        TlsClient {
+            secret: secret.into(),
+            server_name: server_name.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ip_server_name_other_than_the_pod_ip_is_refused_before_anything_is_read() {
+        let (client, requests) = api_without_secrets().await;
+        let tls = AppTls::new(client);
+        let pod: SocketAddr = "127.0.0.1:2379".parse().expect("an address");
+        let refused = tls
+            .client_for("ns", &tls_client("etcd-operator", "127.0.0.2"), pod)
+            .await
+            .map(|_| ());
+        assert!(
+            matches!(&refused, Err(CallError::Refused(m)) if m.contains("127.0.0.2") && m.contains("pod's IP")),
+            "{refused:?}"
+        );
+        assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_missing_secret_is_remembered_for_a_while_not_read_on_every_call() {
+        use std::sync::atomic::Ordering;
+
+        let (client, requests) = api_without_secrets().await;
+        let tls = AppTls::new(client);
+        let pod: SocketAddr = "127.0.0.1:2379".parse().expect("an address");
+        for _ in 0..5 {
+            let refused = tls
+                .client_for("ns", &tls_client("missing", "db-0.db.ns.svc"), pod)
+                .await
+                .map(|_| ());
+            assert!(
+                matches!(&refused, Err(CallError::Refused(m)) if m.contains("does not exist")),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), 1, "one GET for five calls");
+    }
 
     /// A CA, and a client certificate it signed with its key, as PEM.
     fn pems() -> (String, String, String) {
