@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 
-use crate::capability::scope::PodEndpoint;
+use crate::capability::scope::{PodEndpoint, unreachable_why};
 use crate::contract::{Child, KindRef, Observation, Timestamp};
 
 /// The watch cache of one declared child kind.
@@ -90,18 +90,31 @@ fn pod_endpoint(pod: &DynamicObject) -> PodEndpoint {
         .as_str()
         .filter(|ip| !ip.is_empty())
         .map(str::to_owned);
-    let named_ports = pod.data["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+    let ports = || {
+        pod.data["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+    };
+    let named_ports = ports()
         .filter_map(|p| {
             let name = p["name"].as_str()?.to_owned();
             let number = u16::try_from(p["containerPort"].as_i64()?).ok()?;
             Some((name, number))
         })
         .collect();
-    PodEndpoint { ip, named_ports }
+    let declared_ports = ports()
+        .filter_map(|p| u16::try_from(p["containerPort"].as_i64()?).ok())
+        .collect();
+    let host_network = pod.data["spec"]["hostNetwork"].as_bool().unwrap_or(false);
+    let phase = pod.data["status"]["phase"].as_str().unwrap_or_default();
+    PodEndpoint {
+        ip,
+        named_ports,
+        declared_ports,
+        unreachable: unreachable_why(host_network, phase),
+    }
 }
 
 /// True when `child` has a controller owner reference to the object with `uid`.
@@ -147,6 +160,12 @@ mod tests {
                     "spec": {"containers": [{"name": "etcd"}]}, "status": {"podIP": ""}}),
             ),
             (
+                "a failed pod on the node's network",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-3"},
+                    "spec": {"hostNetwork": true, "containers": [{"name": "etcd", "ports": [{"containerPort": 2379}]}]},
+                    "status": {"podIP": "10.0.0.9", "phase": "Failed"}}),
+            ),
+            (
                 "a pod with no status",
                 serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-2"},
                     "spec": {"containers": [{"name": "etcd", "ports": [{"name": "big", "containerPort": 70000}]}]}}),
@@ -158,6 +177,8 @@ mod tests {
             let (want, got) = (PodEndpoint::from_pod(&typed), pod_endpoint(&dynamic));
             assert_eq!(got.ip, want.ip, "{situation}");
             assert_eq!(got.named_ports, want.named_ports, "{situation}");
+            assert_eq!(got.declared_ports, want.declared_ports, "{situation}");
+            assert_eq!(got.unreachable, want.unreachable, "{situation}");
         }
     }
 

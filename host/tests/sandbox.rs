@@ -183,7 +183,7 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
         "own-0".to_string(),
         PodEndpoint {
             ip: Some("127.0.0.1".into()),
-            named_ports: HashMap::new(),
+            ..PodEndpoint::default()
         },
     );
     let scope = AppCallScope::new(

@@ -440,6 +440,8 @@ mod tests {
             PodEndpoint {
                 ip: Some("127.0.0.1".into()),
                 named_ports: HashMap::from([("admin".to_string(), port)]),
+                declared_ports: vec![port],
+                ..PodEndpoint::default()
             },
         )]);
         let grants = Grants {

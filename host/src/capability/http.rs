@@ -259,6 +259,8 @@ mod tests {
                 named_ports: [("client".to_string(), 2379), ("peer".to_string(), 2380)]
                     .into_iter()
                     .collect(),
+                declared_ports: vec![2379, 2380],
+                ..PodEndpoint::default()
             },
         );
         let grants = Grants {
@@ -394,6 +396,69 @@ mod tests {
         }
     }
 
+    /// hostNetwork pods (their IP is the node's), pods in a terminal phase (their IP may be
+    /// another pod's by now) and ports a pod does not declare are out of reach, whatever the
+    /// grants say (review #14).
+    #[test]
+    fn pods_and_ports_the_host_must_not_call_are_refused() {
+        use k8s_openapi::api::core::v1::Pod;
+
+        let pod = |name: &str, extra_spec: serde_json::Value, phase: &str| -> Pod {
+            let mut spec = serde_json::json!({"containers": [{"name": "app",
+                "ports": [{"name": "client", "containerPort": 2379}]}]});
+            if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+                spec.extend(extra.clone());
+            }
+            serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name}, "spec": spec,
+                "status": {"podIP": "127.0.0.1", "phase": phase}}))
+            .expect("a pod")
+        };
+        let pods = HashMap::from([
+            (
+                "ok".to_string(),
+                PodEndpoint::from_pod(&pod("ok", serde_json::json!({}), "Running")),
+            ),
+            (
+                "on-host".to_string(),
+                PodEndpoint::from_pod(&pod(
+                    "on-host",
+                    serde_json::json!({"hostNetwork": true}),
+                    "Running",
+                )),
+            ),
+            (
+                "failed".to_string(),
+                PodEndpoint::from_pod(&pod("failed", serde_json::json!({}), "Failed")),
+            ),
+            (
+                "done".to_string(),
+                PodEndpoint::from_pod(&pod("done", serde_json::json!({}), "Succeeded")),
+            ),
+        ]);
+        let grants = Grants {
+            app_call_ports: vec!["client".into(), "9999".into()],
+            ..Grants::default()
+        };
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        assert_eq!(
+            scope.authorize(&request("ok", "client", "/health")).ok(),
+            Some(("127.0.0.1".to_string(), 2379))
+        );
+        for (pod, port, fragment) in [
+            ("on-host", "client", "hostNetwork"),
+            ("failed", "client", "Failed"),
+            ("done", "client", "Succeeded"),
+            ("ok", "9999", "no port"),
+        ] {
+            let refused = scope.authorize(&request(pod, port, "/health"));
+            assert!(
+                matches!(&refused, Err(CallError::Refused(m)) if m.contains(fragment)),
+                "{pod}:{port}: {refused:?}"
+            );
+        }
+    }
+
     /// A pod that answers 200 and then streams body bytes until the connection is closed;
     /// returns its port and a counter of the body bytes it managed to send.
     async fn endless_pod() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
@@ -498,6 +563,7 @@ mod tests {
             PodEndpoint {
                 ip: Some("127.0.0.1".into()),
                 named_ports: HashMap::from([("client".to_string(), pod_port)]),
+                ..PodEndpoint::default()
             },
         )]);
         let grants = Grants {

@@ -76,34 +76,75 @@ pub struct PodEndpoint {
     pub ip: Option<String>,
     /// Container port name → number.
     pub named_ports: HashMap<String, u16>,
+    /// Every declared container port number: a numeric port must be one of them.
+    pub declared_ports: Vec<u16>,
+    /// Why the Pod must not be called at all, whatever the grants (see [`unreachable_why`]).
+    pub unreachable: Option<String>,
+}
+
+/// Why a Pod with this `spec.hostNetwork` and `status.phase` must not be called: its IP is the
+/// node's (the plugin would pick the node and the port), or it ended and its IP may be another
+/// pod's by now (review #14).
+pub fn unreachable_why(host_network: bool, phase: &str) -> Option<String> {
+    if host_network {
+        Some("uses the node's network (hostNetwork): the host does not call such pods".to_owned())
+    } else if phase == "Failed" || phase == "Succeeded" {
+        Some(format!(
+            "has ended (phase {phase}): its IP may belong to another pod now"
+        ))
+    } else {
+        None
+    }
 }
 
 impl PodEndpoint {
-    /// Reads the IP and named container ports of a Pod.
+    /// Reads the IP, container ports and reachability of a Pod.
     pub fn from_pod(pod: &Pod) -> Self {
         let ip = pod
             .status
             .as_ref()
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty());
-        let named_ports = pod
-            .spec
-            .iter()
-            .flat_map(|spec| spec.containers.iter())
-            .flat_map(|c| c.ports.iter().flatten())
+        let ports = || {
+            pod.spec
+                .iter()
+                .flat_map(|spec| spec.containers.iter())
+                .flat_map(|c| c.ports.iter().flatten())
+        };
+        let named_ports = ports()
             .filter_map(|p| {
                 let name = p.name.clone()?;
                 let number = u16::try_from(p.container_port).ok()?;
                 Some((name, number))
             })
             .collect();
-        Self { ip, named_ports }
+        let declared_ports = ports()
+            .filter_map(|p| u16::try_from(p.container_port).ok())
+            .collect();
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        Self {
+            ip,
+            named_ports,
+            declared_ports,
+            unreachable: unreachable_why(host_network, &phase),
+        }
     }
 
+    /// A port by name, or by number if the Pod declares it.
     fn resolve(&self, port: &str) -> Option<u16> {
-        port.parse::<u16>()
-            .ok()
-            .or_else(|| self.named_ports.get(port).copied())
+        match port.parse::<u16>() {
+            Ok(number) => self.declared_ports.contains(&number).then_some(number),
+            Err(_) => self.named_ports.get(port).copied(),
+        }
     }
 }
 
@@ -202,8 +243,13 @@ impl AppCallScope {
                 self.parent
             ))
         })?;
+        if let Some(why) = &pod.unreachable {
+            return Err(CallError::Refused(format!("pod `{pod_name}` {why}")));
+        }
         let port = pod.resolve(port_name).ok_or_else(|| {
-            CallError::Refused(format!("pod `{pod_name}` has no port `{port_name}`"))
+            CallError::Refused(format!(
+                "pod `{pod_name}` has no port `{port_name}` (a port is named, or numbered as one of its declared container ports)"
+            ))
         })?;
         if !granted.iter().any(|g| pod.resolve(g) == Some(port)) {
             return Err(CallError::Refused(format!(
