@@ -487,7 +487,7 @@ fn main() -> Result<()> {
 async fn run(bytes: &[u8], iterations: usize, rounds: usize) -> Result<()> {
     let sandbox = Sandbox::new()?;
     let plugin = sandbox.load("guest-etcd", bytes, Limits::default()).await?;
-    let client = policy_host::capability::http::http_client();
+    let client = policy_host::capability::http::http_client().expect("the app-call client");
     println!(
         "decision cost: {iterations} decisions per variant per round, {rounds} rounds, median of the rounds' percentiles"
     );

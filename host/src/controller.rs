@@ -100,6 +100,9 @@ pub enum ReconcileError {
         /// The panic message.
         message: String,
     },
+    /// The controller could not be set up (its app-call client).
+    #[error("{0}")]
+    Setup(String),
     /// The host's own bookkeeping write (finalizer) failed.
     #[error(
         "updating the finalizer of {parent} failed: {}",
@@ -123,6 +126,7 @@ impl ReconcileError {
             ReconcileError::Decide(e) => e.reason(),
             ReconcileError::Act(e) => e.reason(),
             ReconcileError::HostPanicked { .. } => "HostPanicked",
+            ReconcileError::Setup(_) => "HostSetupFailed",
             ReconcileError::Finalizer { .. } => "FinalizerUpdateFailed",
         }
     }
@@ -266,7 +270,8 @@ pub async fn run(
         caches,
         parent_resource,
         metrics,
-        http: crate::capability::http::http_client(),
+        http: crate::capability::http::http_client()
+            .map_err(|e| ReconcileError::Setup(e.to_string()))?,
         tls,
         failures: Mutex::new(HashMap::new()),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),

@@ -75,6 +75,9 @@ pub enum HostError {
     /// The sandbox could not be built.
     #[error(transparent)]
     Sandbox(#[from] decide::DecideError),
+    /// The app-call HTTP client could not be built.
+    #[error(transparent)]
+    HttpClient(#[from] capability::http::HttpClientError),
     /// The admin endpoint could not bind.
     #[error("cannot serve the admin endpoint on {addr}: {source}; pick another --admin-addr")]
     Admin {
@@ -155,6 +158,9 @@ pub async fn run(
     on_started: impl FnOnce(&Running),
 ) -> Result<(), HostError> {
     let shutdown: Shared<BoxFuture<'static, ()>> = shutdown.boxed().shared();
+    // Built once here so that a host that cannot speak to its pods says so at start, not at
+    // its first app-call.
+    capability::http::http_client()?;
     let loader = PluginLoader::new(
         Sandbox::new()?,
         settings.artifact_cache.clone().map(ArtifactCache::new),

@@ -193,7 +193,7 @@ async fn app_call_to_a_pod_it_does_not_own_is_refused() {
             app_call_ports: vec!["http".into()],
             ..Default::default()
         },
-        policy_host::capability::http::http_client(),
+        policy_host::capability::http::http_client().expect("the app-call client"),
     );
     let decision = plugin
         .reconcile(&observation("call-stranger", json!({})), scope, "testing")

@@ -449,7 +449,12 @@ mod tests {
             exchange_ports: exchange_ports.iter().map(|p| (*p).to_owned()).collect(),
             ..Grants::default()
         };
-        AppCallScope::new("ns/app".into(), pods, grants, http_client())
+        AppCallScope::new(
+            "ns/app".into(),
+            pods,
+            grants,
+            http_client().expect("the app-call client"),
+        )
     }
 
     #[tokio::test]

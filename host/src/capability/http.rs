@@ -12,9 +12,18 @@ use crate::contract::v0_1;
 /// How long one app-call may take before the plugin gets `timeout`.
 pub const APP_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The app-call HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot build the HTTP client for app-calls ({0}); the TLS backend (rustls with ring) failed to start: check that the host binary and its image are intact"
+)]
+pub struct HttpClientError(String);
+
 /// The HTTP client app-calls use: no proxy, rustls with the ring provider (installed here for
-/// the process if none is yet, since reqwest is built without a default one).
-pub fn http_client() -> reqwest::Client {
+/// the process if none is yet, since reqwest is built without a default one), no CA store of
+/// the machine (a TLS app-call trusts only its Secret's CA). Never the panicking
+/// `reqwest::Client` constructor (review #9): a failure is an error at start.
+pub fn http_client() -> Result<reqwest::Client, HttpClientError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
@@ -22,10 +31,7 @@ pub fn http_client() -> reqwest::Client {
         // a pod make the host fetch from the host's own network position.
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .unwrap_or_else(|error| {
-            tracing::error!(%error, "cannot build the app-call HTTP client; app-calls will fail");
-            reqwest::Client::new()
-        })
+        .map_err(|e| HttpClientError(e.to_string()))
 }
 
 /// A response body as read: at most the limit, and whether more was there.
@@ -250,6 +256,10 @@ mod tests {
     use crate::capability::replay::{AppCallRecorder, AppCallScript};
     use crate::capability::scope::{Grants, PodEndpoint};
 
+    fn client() -> reqwest::Client {
+        http_client().expect("the app-call client")
+    }
+
     fn scope() -> AppCallScope {
         let mut pods = HashMap::new();
         pods.insert(
@@ -267,7 +277,7 @@ mod tests {
             app_call_ports: vec!["client".into()],
             ..Grants::default()
         };
-        AppCallScope::new("ns/db".into(), pods, grants, http_client())
+        AppCallScope::new("ns/db".into(), pods, grants, client())
     }
 
     fn request(pod: &str, port: &str, path: &str) -> Request {
@@ -396,6 +406,34 @@ mod tests {
         }
     }
 
+    /// Review #9: reqwest's `Client` constructor without a builder panics when the client
+    /// cannot be built; no host code may call it (the builder's error is returned instead).
+    #[test]
+    fn no_host_code_builds_an_http_client_with_the_panicking_constructor() {
+        fn sources(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("read host/src").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    sources(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    found.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        sources(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut files,
+        );
+        let needle = ["Client", "::new()"].concat();
+        let offenders: Vec<String> = files
+            .iter()
+            .filter(|f| std::fs::read_to_string(f).is_ok_and(|text| text.contains(&needle)))
+            .map(|f| f.display().to_string())
+            .collect();
+        assert!(offenders.is_empty(), "{needle} in {offenders:?}");
+    }
+
     /// hostNetwork pods (their IP is the node's), pods in a terminal phase (their IP may be
     /// another pod's by now) and ports a pod does not declare are out of reach, whatever the
     /// grants say (review #14).
@@ -440,7 +478,7 @@ mod tests {
             app_call_ports: vec!["client".into(), "9999".into()],
             ..Grants::default()
         };
-        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, client());
         assert_eq!(
             scope.authorize(&request("ok", "client", "/health")).ok(),
             Some(("127.0.0.1".to_string(), 2379))
@@ -510,7 +548,7 @@ mod tests {
             app_call_ports: vec!["client".into()],
             ..Grants::default()
         };
-        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, client());
         let limit = 100_000;
         let answer = scope
             .call("p", request("db-0", "client", "/health"), None, limit)
@@ -570,7 +608,7 @@ mod tests {
             app_call_ports: vec!["client".into()],
             ..Grants::default()
         };
-        let scope = AppCallScope::new("ns/db".into(), pods, grants, http_client());
+        let scope = AppCallScope::new("ns/db".into(), pods, grants, client());
         let answer = scope
             .call("p", request("db-0", "client", "/health"), None, 1024)
             .await;

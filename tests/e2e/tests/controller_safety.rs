@@ -84,7 +84,7 @@ async fn client_holding_child_lists(
 }
 
 async fn get(url: &str) -> anyhow::Result<(u16, String)> {
-    let response = policy_host::capability::http::http_client()
+    let response = policy_host::capability::http::http_client()?
         .get(url)
         .send()
         .await?;

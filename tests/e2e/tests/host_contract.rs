@@ -169,7 +169,7 @@ async fn host_applies_owns_and_contains_a_plugin() -> anyhow::Result<()> {
 }
 
 async fn reqwest_get(url: &str) -> anyhow::Result<String> {
-    Ok(policy_host::capability::http::http_client()
+    Ok(policy_host::capability::http::http_client()?
         .get(url)
         .send()
         .await?

@@ -135,7 +135,7 @@ async fn status_entry(
 }
 
 async fn get(url: &str) -> anyhow::Result<String> {
-    Ok(policy_host::capability::http::http_client()
+    Ok(policy_host::capability::http::http_client()?
         .get(url)
         .send()
         .await?
