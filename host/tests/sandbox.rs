@@ -49,9 +49,17 @@ fn observation(behaviour: &str, extra: serde_json::Value) -> Observation {
 }
 
 async fn decide(plugin: &Plugin, behaviour: &str) -> Result<Vec<Action>, DecideError> {
+    decide_with(plugin, behaviour, json!({})).await
+}
+
+async fn decide_with(
+    plugin: &Plugin,
+    behaviour: &str,
+    spec: serde_json::Value,
+) -> Result<Vec<Action>, DecideError> {
     plugin
         .reconcile(
-            &observation(behaviour, json!({})),
+            &observation(behaviour, spec),
             AppCallScope::none(),
             "testing",
         )
@@ -236,6 +244,69 @@ async fn a_looping_plugin_does_not_hold_up_good_decisions() {
         .expect("task joins")
         .expect_err("loop stopped");
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
+}
+
+/// Counts the events of one decision (a unit-test subscriber, nothing else).
+#[derive(Clone, Default)]
+struct CountingSubscriber(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl tracing::Subscriber for CountingSubscriber {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target().contains("instance") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_plugin_cannot_flood_the_host_log() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let counter = CountingSubscriber::default();
+    let _guard = tracing::subscriber::set_default(counter.clone());
+    runtime.block_on(async {
+        let sandbox = Sandbox::new().expect("sandbox");
+        let plugin = misbehaving(&sandbox).await;
+        plugin
+            .reconcile(
+                &observation("log-flood", json!({ "count": 100_000 })),
+                AppCallScope::none(),
+                "testing",
+            )
+            .await
+            .expect("the plugin decides");
+    });
+    let lines = counter.0.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(lines <= 300, "one decision printed {lines} host log lines");
+}
+
+#[tokio::test]
+async fn a_refusal_cannot_bring_an_unbounded_reason_or_message() {
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let error = decide_with(&plugin, "refuse-huge", json!({ "count": 100_000 }))
+        .await
+        .expect_err("refuses");
+    assert!(
+        error.reason().len() <= 128,
+        "reason of {} bytes",
+        error.reason().len()
+    );
+    let text = error.to_string();
+    assert!(text.len() <= 8 << 10, "refusal of {} bytes", text.len());
+    good_decision_still_works(&plugin).await;
 }
 
 #[tokio::test]

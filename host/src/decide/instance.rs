@@ -25,6 +25,8 @@ pub struct PluginState {
     stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
     /// The plugin's ways out (app-calls, exchanges) and what they may reach.
     doors: Doors,
+    /// Log lines this instance (one decision) has printed.
+    log_lines: usize,
 }
 
 impl PluginState {
@@ -51,6 +53,7 @@ impl PluginState {
             memory_limit: limits.memory_bytes,
             memory_refused: false,
             doors: Doors::new(label, app_calls, limits.output_bytes),
+            log_lines: 0,
         }
     }
 
@@ -174,6 +177,10 @@ impl contract::policy_host::policy::log::Host for PluginState {
 /// Bytes of message, and of fields, one plugin log line may print.
 const LOG_LINE_BYTES: usize = 4096;
 
+/// Log lines one decision may print; the rest are dropped, with one line saying so (review
+/// #16: a plugin looping on `log` inside its deadline would flood the host's log).
+pub const MAX_LOG_LINES: usize = 256;
+
 /// Cuts `text` to at most `max` bytes at a character boundary, marking the cut.
 fn clip(text: &mut String, max: usize) {
     if text.len() > max {
@@ -189,6 +196,17 @@ impl PluginState {
         message: String,
         fields: Vec<(String, String)>,
     ) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            if self.log_lines == MAX_LOG_LINES + 1 {
+                tracing::warn!(
+                    plugin = self.doors.label(),
+                    parent = self.doors.scope().parent_label(),
+                    "the plugin logged more than {MAX_LOG_LINES} lines in one decision; the rest are dropped"
+                );
+            }
+            return;
+        }
         // A log line is at most LOG_LINE_BYTES (and the output limit) of message and as much
         // of fields, cut in bytes at a character boundary: a cut inside a character panics.
         let cap = self.doors.output_limit().min(LOG_LINE_BYTES);

@@ -264,8 +264,8 @@ impl Plugin {
         outcome.map_err(|e| DecideError::Refused {
             plugin: self.inner.label.clone(),
             doing: doing.to_string(),
-            reason: e.reason,
-            message: e.message,
+            reason: bounded(e.reason, MAX_REFUSAL_REASON),
+            message: bounded(e.message, MAX_REFUSAL_MESSAGE),
         })
     }
 
@@ -411,4 +411,19 @@ impl ReusedInstance {
         plugin.check_output(decision.actions.iter().map(|a| a.output_len()).sum(), doing)?;
         Ok(decision)
     }
+}
+
+/// Bytes of a refusal's reason: it becomes an Event reason and a metric label (review #16).
+pub const MAX_REFUSAL_REASON: usize = 128;
+/// Bytes of a refusal's message: it goes into logs, Events and errors.
+pub const MAX_REFUSAL_MESSAGE: usize = 4096;
+
+/// `text` cut to at most `max` bytes at a character boundary, the cut marked.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mark = "…";
+        text.truncate(text.floor_char_boundary(max - mark.len()));
+        text.push_str(mark);
+    }
+    text
 }

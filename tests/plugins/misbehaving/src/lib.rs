@@ -11,7 +11,10 @@
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
 //! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status;
 //! - `log-split`: logs one line of `"a"` then `spec.count` two-byte characters (and the same
-//!   as a field), so a cut at any even byte offset falls inside a character.
+//!   as a field), so a cut at any even byte offset falls inside a character;
+//! - `log-flood`: logs `spec.count` short lines (default 100,000) in one decision;
+//! - `refuse-huge`: refuses with a reason of `spec.count` bytes (default 100,000) and a
+//!   message ten times that.
 //!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
@@ -148,6 +151,20 @@ mod plugin {
                         actions: vec![Action::SetStatus(json!({ "appCall": text }).to_string())],
                         requeue_after_ms: None,
                     })
+                }
+                "log-flood" => {
+                    let count = parent["spec"]["count"].as_u64().unwrap_or(100_000);
+                    for n in 0..count {
+                        log::log(log::Level::Info, &format!("line {n}"), &[]);
+                    }
+                    Ok(Decision {
+                        actions: vec![Action::SetStatus(json!({ "logged": count }).to_string())],
+                        requeue_after_ms: None,
+                    })
+                }
+                "refuse-huge" => {
+                    let count = parent["spec"]["count"].as_u64().unwrap_or(100_000) as usize;
+                    Err(refuse(&"R".repeat(count), "m".repeat(count * 10)))
                 }
                 "log-split" => {
                     let count = parent["spec"]["count"].as_u64().unwrap_or(600_000) as usize;
