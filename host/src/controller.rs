@@ -637,6 +637,14 @@ impl PolicyController {
         recording: AppCallRecorder,
     ) {
         let shadow_label = candidate.plugin.label().to_string();
+        // A recording cut at its budget would show the candidate another application than the
+        // active plugin saw: nothing to compare fairly (review #5).
+        if !recording.is_complete() {
+            self.metrics
+                .shadow_compared(&self.policy, &shadow_label, "dropped");
+            tracing::info!(shadow = %shadow_label, "shadow run skipped: the active decision's app-calls were over the recording budget");
+            return;
+        }
         // At most SHADOW_RUNS_IN_FLIGHT shadows of this policy run at once: a shadow only
         // compares, so under load it is dropped (and counted), never queued (review #7b).
         let Ok(slot) = self.shadow_slots.clone().try_acquire_owned() else {

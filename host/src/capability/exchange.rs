@@ -5,11 +5,12 @@
 //! own parser says the reply is complete. Reach is checked by the same scope as app-calls
 //! ([`AppCallScope::authorize_exchange`]: an owned Pod, a port granted for exchanges), so a plugin reaches
 //! nothing it could not already call over HTTP. What bounds it:
-//! - bytes: each `send`, and everything received over one connection, count against the
-//!   plugin's output limit;
+//! - bytes: everything one decision sends and receives over all its connections counts
+//!   against the plugin's output limit;
 //! - time: one connect or one receive waits at most [`APP_CALL_TIMEOUT`], and the whole decision
 //!   runs under its deadline;
-//! - count: at most [`MAX_OPEN_CONNECTIONS`] per instance;
+//! - count: at most [`MAX_OPEN_CONNECTIONS`] open at once and [`MAX_OPENS_PER_DECISION`] in
+//!   all per instance;
 //! - lifetime: a [`Connection`] lives in the instance's [`Connections`] (inside its
 //!   [`Doors`]), so dropping the store (the instance ends, traps or runs out of time) closes
 //!   whatever the plugin left open.
@@ -34,6 +35,9 @@ use crate::contract::exchange::{self as wit, ExchangeError};
 
 /// Connections one instance may have open at once.
 pub const MAX_OPEN_CONNECTIONS: usize = 16;
+
+/// Connections one instance (one decision) may open in all (review #5's churn).
+pub const MAX_OPENS_PER_DECISION: usize = 64;
 
 /// Largest single `receive` the host serves, whatever `max-bytes` asks (a read buffer is
 /// allocated at this size at most).
@@ -356,6 +360,12 @@ impl wit::HostConnection for Doors {
                 "{MAX_OPEN_CONNECTIONS} connections are open already; drop one first"
             )));
         }
+        if self.opened >= MAX_OPENS_PER_DECISION {
+            return Err(ExchangeError::Refused(format!(
+                "this decision opened {MAX_OPENS_PER_DECISION} connections already; keep one open and reuse it"
+            )));
+        }
+        self.opened += 1;
         let connection = Connection::open(&self.scope, pod, port, self.output_limit)
             .await
             .inspect_err(|error| {
@@ -374,6 +384,15 @@ impl wit::HostConnection for Doors {
         if bytes.len() > self.output_limit {
             self.note_oversized_output(bytes.len());
         }
+        if self.exchanged + bytes.len() > self.output_limit {
+            return Err(ExchangeError::Refused(format!(
+                "this decision's exchanges moved {} bytes; {} more would pass the plugin's {} byte output limit",
+                self.exchanged,
+                bytes.len(),
+                self.output_limit
+            )));
+        }
+        self.exchanged += bytes.len();
         self.connections.get_mut(&connection)?.send(bytes).await
     }
 
@@ -383,10 +402,21 @@ impl wit::HostConnection for Doors {
         max_bytes: u32,
         timeout_ms: u32,
     ) -> Result<Vec<u8>, ExchangeError> {
-        self.connections
+        let left = self.output_limit.saturating_sub(self.exchanged);
+        if left == 0 {
+            return Err(ExchangeError::Refused(format!(
+                "this decision's exchanges moved {} bytes, the plugin's output limit",
+                self.exchanged
+            )));
+        }
+        let max_bytes = max_bytes.min(u32::try_from(left).unwrap_or(u32::MAX));
+        let received = self
+            .connections
             .get_mut(&connection)?
             .receive(max_bytes, Duration::from_millis(u64::from(timeout_ms)))
-            .await
+            .await?;
+        self.exchanged += received.len();
+        Ok(received)
     }
 
     async fn drop(&mut self, connection: Resource<wit::Connection>) -> wasmtime::Result<()> {
@@ -500,6 +530,57 @@ mod tests {
                 (expected, got) => panic!("{situation}: expected {expected:?}, got {got:?}"),
             }
         }
+    }
+
+    /// Review #5: sends without a reply kept every byte of the round, and a plugin could
+    /// open and drop connections without end (each a socket in TIME_WAIT).
+    #[tokio::test]
+    async fn one_decision_moves_at_most_its_output_limit_and_opens_a_bounded_number() {
+        use wasmtime::component::Resource;
+
+        let port = peer(b"+OK\r\n").await;
+        let mut doors = Doors::new("p".into(), scope(port, &["admin"]), 4096);
+        let opened = wit::HostConnection::open(&mut doors, "app-0".into(), "admin".into())
+            .await
+            .expect("opens");
+        let rep = opened.rep();
+        let mut sent = 0;
+        let refused = loop {
+            let handle = Resource::<wit::Connection>::new_borrow(rep);
+            match wit::HostConnection::send(&mut doors, handle, vec![b'x'; 1024]).await {
+                Ok(()) => sent += 1024,
+                Err(error) => break error,
+            }
+            assert!(sent <= 64 << 10, "{sent} bytes sent and never refused");
+        };
+        assert!(
+            matches!(&refused, ExchangeError::Refused(m) if m.contains("output limit")),
+            "{refused:?}"
+        );
+        assert!(sent <= 4096, "{sent} bytes sent for a 4096 byte limit");
+
+        let mut doors = Doors::new("p".into(), scope(port, &["admin"]), 4096);
+        let mut opens = 0;
+        let refused = loop {
+            match wit::HostConnection::open(&mut doors, "app-0".into(), "admin".into()).await {
+                Ok(handle) => {
+                    opens += 1;
+                    wit::HostConnection::drop(&mut doors, handle)
+                        .await
+                        .expect("drops");
+                }
+                Err(error) => break error,
+            }
+            assert!(
+                opens <= 10_000,
+                "{opens} connections opened and never refused"
+            );
+        };
+        assert!(
+            matches!(&refused, ExchangeError::Refused(m) if m.contains("opened")),
+            "{refused:?}"
+        );
+        assert!(opens <= MAX_OPENS_PER_DECISION, "{opens}");
     }
 
     #[tokio::test]

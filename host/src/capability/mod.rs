@@ -32,6 +32,11 @@ pub struct Doors {
     /// Set when an import saw more plugin output than the output limit allows.
     oversized_output: Option<usize>,
     connections: Connections,
+    /// Bytes sent and received over exchanges by this instance: all of them count against the
+    /// output limit, whatever the connection (review #5).
+    exchanged: usize,
+    /// Connections this instance opened in all.
+    opened: usize,
 }
 
 impl Doors {
@@ -44,6 +49,8 @@ impl Doors {
             output_limit,
             oversized_output: None,
             connections: Connections::default(),
+            exchanged: 0,
+            opened: 0,
         }
     }
 

@@ -11,6 +11,15 @@ use crate::contract::exchange::ExchangeError;
 /// A request and the answer it got.
 pub type Exchange = (Request, Result<Response, CallError>);
 
+/// Bytes one recorder keeps (requests and answers, calls and exchange rounds); past it the
+/// recording is incomplete and says so ([`AppCallRecorder::is_complete`]): host memory that no
+/// plugin limit covered otherwise (review #5).
+pub const RECORDING_BUDGET: usize = 4 << 20;
+
+/// Calls and exchange rounds a script logs for its caller to read; the rest are answered but
+/// not logged.
+pub const MAX_LOGGED_CALLS: usize = 1024;
+
 /// One pod's scripted answers, by path.
 type ScriptedPaths = HashMap<String, Result<Response, CallError>>;
 
@@ -128,7 +137,9 @@ impl AppCallScript {
                 request.len()
             ))),
         };
-        if let Ok(mut made) = self.rounds_made.lock() {
+        if let Ok(mut made) = self.rounds_made.lock()
+            && made.len() < MAX_LOGGED_CALLS
+        {
             made.push(ExchangeRound {
                 pod: pod.to_owned(),
                 port: Some(port.to_owned()),
@@ -170,7 +181,9 @@ impl AppCallScript {
             }))
         });
         // Never held across an await: a plain mutex is right here.
-        if let Ok(mut calls) = self.calls.lock() {
+        if let Ok(mut calls) = self.calls.lock()
+            && calls.len() < MAX_LOGGED_CALLS
+        {
             calls.push(request);
         }
         answer
@@ -204,6 +217,17 @@ impl AppCallScript {
 pub struct AppCallRecorder {
     exchanges: Arc<Mutex<Vec<Exchange>>>,
     rounds: Arc<Mutex<Vec<ExchangeRound>>>,
+    /// Bytes kept so far, and whether something was left out (over [`RECORDING_BUDGET`]).
+    kept: Arc<Mutex<(usize, bool)>>,
+}
+
+/// Bytes an answer to an app-call holds.
+fn answer_size(answer: &Result<Response, CallError>) -> usize {
+    match answer {
+        Ok(response) => response.body.len(),
+        Err(CallError::Refused(m) | CallError::Unreachable(m)) => m.len(),
+        Err(CallError::Timeout) => 0,
+    }
 }
 
 impl AppCallRecorder {
@@ -232,17 +256,49 @@ impl AppCallRecorder {
             .with_exchanges(self.exchanges())
     }
 
+    /// False when something was left out of the recording (over [`RECORDING_BUDGET`]): a
+    /// replay of it would not show the same application, so it is not used.
+    pub fn is_complete(&self) -> bool {
+        self.kept.lock().map(|k| !k.1).unwrap_or(false)
+    }
+
+    /// Takes `size` bytes of the budget, or marks the recording incomplete.
+    fn take(&self, size: usize) -> bool {
+        // Never held across an await: a plain mutex is right here.
+        let Ok(mut kept) = self.kept.lock() else {
+            return false;
+        };
+        if kept.1 || kept.0 + size > RECORDING_BUDGET {
+            kept.1 = true;
+            return false;
+        }
+        kept.0 += size;
+        true
+    }
+
     /// Writes one exchange round (see [`super::exchange`]).
     pub(crate) fn record_exchange(&self, round: ExchangeRound) {
-        // Never held across an await: a plain mutex is right here.
-        if let Ok(mut rounds) = self.rounds.lock() {
+        let size = round.pod.len()
+            + round.request.len()
+            + match &round.reply {
+                Ok(bytes) => bytes.len(),
+                Err(_) => 0,
+            };
+        if self.take(size)
+            && let Ok(mut rounds) = self.rounds.lock()
+        {
             rounds.push(round);
         }
     }
 
     pub(super) fn record(&self, request: Request, answer: &Result<Response, CallError>) {
-        // Never held across an await: a plain mutex is right here.
-        if let Ok(mut exchanges) = self.exchanges.lock() {
+        let size = request.pod.len()
+            + request.path.len()
+            + request.body.as_ref().map_or(0, String::len)
+            + answer_size(answer);
+        if self.take(size)
+            && let Ok(mut exchanges) = self.exchanges.lock()
+        {
             exchanges.push((request, answer.clone()));
         }
     }
@@ -260,4 +316,65 @@ pub struct ExchangeRound {
     pub request: Vec<u8>,
     /// The reply bytes, or why there was none.
     pub reply: Result<Vec<u8>, ExchangeError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::app_call::Method;
+
+    fn request(n: usize) -> Request {
+        Request {
+            pod: "db-0".into(),
+            port: "client".into(),
+            method: Method::Post,
+            path: format!("/call/{n}"),
+            body: Some("b".repeat(1024)),
+        }
+    }
+
+    fn ok() -> Result<Response, CallError> {
+        Ok(Response {
+            status: 200,
+            body: "r".repeat(1024),
+        })
+    }
+
+    /// Review #5: a plugin calling in a loop within its deadline made the recorder (shadow
+    /// mode) and the script's call log (simulate, shadows) keep every call.
+    #[test]
+    fn recordings_and_call_logs_are_bounded() {
+        let recorder = AppCallRecorder::new();
+        for n in 0..20_000 {
+            recorder.record(request(n), &ok());
+            recorder.record_exchange(ExchangeRound {
+                pod: "db-0".into(),
+                port: None,
+                request: vec![0; 1024],
+                reply: Ok(vec![0; 1024]),
+            });
+        }
+        let kept: usize = recorder
+            .calls()
+            .iter()
+            .map(|r| r.path.len() + r.body.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+            + recorder
+                .exchanges()
+                .iter()
+                .map(|r| r.request.len() + r.reply.as_ref().map_or(0, Vec::len))
+                .sum::<usize>();
+        assert!(kept <= RECORDING_BUDGET, "{kept} bytes recorded");
+        assert!(!recorder.is_complete(), "an overflowing recording says so");
+
+        let script = AppCallScript::new([("db-0".to_string(), "/call/0".to_string(), ok())]);
+        for n in 0..20_000 {
+            let _ = script.answer(request(n));
+        }
+        assert!(
+            script.calls().len() <= MAX_LOGGED_CALLS,
+            "{}",
+            script.calls().len()
+        );
+    }
 }
