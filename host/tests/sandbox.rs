@@ -246,6 +246,84 @@ async fn a_looping_plugin_does_not_hold_up_good_decisions() {
     assert!(matches!(error, DecideError::Deadline { .. }), "{error}");
 }
 
+/// Review #7(c): the pool had 128 core-instance slots for the whole engine and each instance
+/// of a plugin takes several, so about 40 decisions at once fit and the next failed as if the
+/// plugin had crashed. Many decisions waiting at once (on an app-call to a pod that never
+/// answers) must each end with their own deadline, or with "sandbox busy", never a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_decisions_at_once_than_the_pool_fits_are_busy_never_crashed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the silent pod");
+    let port = listener.local_addr().expect("its address").port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = sandbox
+        .load(
+            "misbehaving",
+            &std::fs::read(policy_host_test_plugins::build_version("1.0.0").expect("built"))
+                .expect("read"),
+            Limits {
+                deadline: std::time::Duration::from_secs(3),
+                ..Limits::default()
+            },
+        )
+        .await
+        .expect("plugin loads");
+    let scope = || {
+        AppCallScope::new(
+            "default/probe".into(),
+            HashMap::from([(
+                "own-0".to_string(),
+                PodEndpoint {
+                    ip: Some("127.0.0.1".into()),
+                    named_ports: HashMap::from([("http".to_string(), port)]),
+                    declared_ports: vec![port],
+                    ..PodEndpoint::default()
+                },
+            )]),
+            policy_host::capability::scope::Grants {
+                app_call_ports: vec!["http".into()],
+                ..Default::default()
+            },
+            policy_host::capability::http::http_client().expect("the app-call client"),
+        )
+    };
+    let runs: Vec<_> = (0..200)
+        .map(|_| {
+            let (plugin, scope) = (plugin.clone(), scope());
+            tokio::spawn(async move {
+                plugin
+                    .reconcile(&observation("call-own", json!({})), scope, "testing")
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .collect();
+    let mut reasons: HashMap<String, usize> = HashMap::new();
+    for run in runs {
+        let reason = match run.await.expect("joins") {
+            Ok(()) => "Decided".to_owned(),
+            Err(error) => error.reason().to_owned(),
+        };
+        *reasons.entry(reason).or_default() += 1;
+    }
+    assert!(
+        reasons
+            .keys()
+            .all(|r| ["Decided", "PluginDeadlineExceeded", "SandboxBusy"].contains(&r.as_str())),
+        "{reasons:?}"
+    );
+    let ran = 200 - reasons.get("SandboxBusy").copied().unwrap_or(0);
+    assert!(ran >= 100, "only {ran} decisions found a slot: {reasons:?}");
+    good_decision_still_works(&plugin).await;
+}
+
 /// Counts the events of one decision (a unit-test subscriber, nothing else).
 #[derive(Clone, Default)]
 struct CountingSubscriber(std::sync::Arc<std::sync::atomic::AtomicUsize>);

@@ -125,6 +125,16 @@ pub enum DecideError {
         /// The trap and its wasm backtrace.
         message: String,
     },
+    /// Every instance slot of the host was taken for longer than the host waits: retried.
+    #[error(
+        "no sandbox slot was free for plugin `{plugin}` while {doing}: the host runs as many plugin instances as it can hold; it is retried shortly (lower the plugins' concurrency if this persists)"
+    )]
+    SandboxBusy {
+        /// Plugin name@version.
+        plugin: String,
+        /// What it was doing.
+        doing: String,
+    },
     /// The plugin refused to decide and said why.
     #[error("plugin `{plugin}` refused to decide while {doing}: {reason}: {message}")]
     Refused {
@@ -148,6 +158,7 @@ impl DecideError {
             DecideError::Memory { .. } => "PluginMemoryExceeded",
             DecideError::Output { .. } => "PluginOutputTooLarge",
             DecideError::Trap { .. } => "PluginCrashed",
+            DecideError::SandboxBusy { .. } => "SandboxBusy",
             DecideError::Refused { reason, .. } => reason,
         }
     }

@@ -120,6 +120,8 @@ pub(super) struct PluginInner {
     pub(super) content_sha256: String,
     /// The contract version the component exports (see [`Plugin::contract_version`]).
     pub(super) contract_version: String,
+    /// Instance slots one instance takes (see [`Sandbox::take_slots`]).
+    pub(super) slot_cost: u32,
     pub(super) sandbox: Sandbox,
 }
 
@@ -301,6 +303,13 @@ impl Plugin {
     ) -> Result<T, DecideError> {
         let inner = &self.inner;
         let limits = &inner.limits;
+        // Held until the store is dropped at the end of this call.
+        let Some(_slots) = inner.sandbox.take_slots(inner.slot_cost).await else {
+            return Err(DecideError::SandboxBusy {
+                plugin: inner.label.clone(),
+                doing: doing.to_string(),
+            });
+        };
         let mut store = self.new_store(app_calls, now);
         let work = async {
             let plugin = inner.pre.instantiate(&mut store).await?;

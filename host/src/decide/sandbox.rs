@@ -17,8 +17,20 @@ use crate::contract::{self, PolicyInfo, PolicyPluginPre, v0_1 as contract_v0_1};
 /// Address space reserved per linear memory: 4 GiB, all a 32-bit wasm memory can address.
 const MEMORY_RESERVATION: u64 = 4 << 30;
 
-/// Concurrent plugin instances the pooling allocator has slots for.
-const POOL_SLOTS: u32 = 128;
+/// Plugin instances that may be alive at once, all plugins together: each takes one component
+/// instance and one linear memory (the pool's real cost: 4 GiB of address space each).
+pub const INSTANCE_SLOTS: u32 = 128;
+
+/// Core instances and tables the pool keeps per instance slot. A wasm32-wasip2 plugin is
+/// several core modules (the program, the WASI adapter, shims) with two tables: with one
+/// core-instance slot per instance slot, as before, about 40 instances fitted in 128 and the
+/// 41st failed as if the plugin had crashed (review #7c). These slots are small.
+const CORE_INSTANCES_PER_SLOT: u32 = 8;
+const TABLES_PER_SLOT: u32 = 4;
+
+/// How long a decision waits for instance slots before it gives up as `SandboxBusy` (and is
+/// requeued): a host that is full says so quickly rather than hold the reconcile.
+pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The wasmtime engine, its epoch ticker and the linker every plugin is instantiated with.
 #[derive(Clone)]
@@ -26,6 +38,9 @@ pub struct Sandbox {
     engine: Engine,
     linker: Arc<Linker<PluginState>>,
     ticker: Arc<EpochTicker>,
+    /// Instance slots free now: every instantiation takes its plugin's cost first, so the
+    /// pool itself is never the one to run out.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 struct EpochTicker {
@@ -42,10 +57,10 @@ impl Sandbox {
     /// Builds the engine (pooling allocator, epoch interruption) and starts its epoch ticker.
     pub fn new() -> Result<Self, DecideError> {
         let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(POOL_SLOTS)
-            .total_core_instances(POOL_SLOTS)
-            .total_memories(POOL_SLOTS)
-            .total_tables(POOL_SLOTS)
+        pool.total_component_instances(INSTANCE_SLOTS)
+            .total_core_instances(INSTANCE_SLOTS * CORE_INSTANCES_PER_SLOT)
+            .total_memories(INSTANCE_SLOTS)
+            .total_tables(INSTANCE_SLOTS * TABLES_PER_SLOT)
             .max_memory_size(MAX_PLUGIN_MEMORY)
             // A fresh instance's heap would otherwise be fresh pages, faulted in on first touch
             // (about 40 faults, 75 µs, for a 5-member etcd decision). Instead a dropped slot
@@ -118,12 +133,27 @@ impl Sandbox {
             engine,
             linker: Arc::new(linker),
             ticker: Arc::new(EpochTicker { stop }),
+            slots: Arc::new(tokio::sync::Semaphore::new(INSTANCE_SLOTS as usize)),
         })
     }
 
     /// The wasmtime engine (for precompiled-artifact compatibility checks).
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Takes `cost` instance slots, waiting at most [`SLOT_WAIT`]; `None` when the host is
+    /// full. The slots come back when the permit drops (the instance's store is gone).
+    pub(super) async fn take_slots(&self, cost: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(SLOT_WAIT, self.slots.clone().acquire_many_owned(cost))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Instance slots free now (for metrics and tests).
+    pub fn free_slots(&self) -> usize {
+        self.slots.available_permits()
     }
 
     /// Compiles a plugin, checks it exports the contract, and reads its self-description.
@@ -163,6 +193,15 @@ impl Sandbox {
         };
         let contract_version = contract::exported_version(&self.engine, component)
             .unwrap_or_else(|| pre.version().to_owned());
+        let slot_cost = slot_cost(component);
+        if slot_cost > INSTANCE_SLOTS {
+            return Err(DecideError::Load {
+                source_name: source_name.to_string(),
+                message: format!(
+                    "one instance needs {slot_cost} instance slots (linear memories and tables) and the host has {INSTANCE_SLOTS}; a plugin is one program with one memory"
+                ),
+            });
+        }
         let mut plugin = Plugin {
             inner: Arc::new(PluginInner {
                 pre,
@@ -171,6 +210,7 @@ impl Sandbox {
                 limits,
                 content_sha256,
                 contract_version,
+                slot_cost,
                 sandbox: self.clone(),
             }),
         };
@@ -181,6 +221,16 @@ impl Sandbox {
         }
         Ok(plugin)
     }
+}
+
+/// Instance slots one instance of `component` takes: one, or more for a component with several
+/// memories or more tables than a slot keeps (the pool's other limits).
+fn slot_cost(component: &Component) -> u32 {
+    let Some(needs) = component.resources_required() else {
+        return 1;
+    };
+    let by_tables = needs.num_tables.div_ceil(TABLES_PER_SLOT);
+    needs.num_memories.max(by_tables).max(1)
 }
 
 fn load_error(source_name: &str, error: wasmtime::Error) -> DecideError {

@@ -10,6 +10,7 @@
 //! - `refuse`: returns a policy error;
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
 //! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status;
+//! - `call-own`: the same with its own pod `own-0` (granted port `http`);
 //! - `log-split`: logs one line of `"a"` then `spec.count` two-byte characters (and the same
 //!   as a field), so a cut at any even byte offset falls inside a character;
 //! - `log-flood`: logs `spec.count` short lines (default 100,000) in one decision;
@@ -133,9 +134,16 @@ mod plugin {
                     )],
                     requeue_after_ms: None,
                 }),
-                "call-stranger" => {
+                "call-stranger" | "call-own" => {
+                    // `call-own` calls its own pod `own-0`: a test makes it answer slowly,
+                    // so the instance stays alive, waiting, while others start.
+                    let pod = if behaviour == "call-own" {
+                        "own-0"
+                    } else {
+                        "someone-elses-pod"
+                    };
                     let outcome = app_call::call(&app_call::Request {
-                        pod: "someone-elses-pod".into(),
+                        pod: pod.into(),
                         port: "http".into(),
                         method: app_call::Method::Get,
                         path: "/".into(),
