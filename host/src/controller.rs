@@ -50,9 +50,7 @@ pub fn deleting_for(parent: &DynamicObject) -> Duration {
 /// Reconcile again after this long when a plugin asks for nothing sooner.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
 
-/// Shadow runs of one policy in flight at once; more are dropped and counted
-/// (`policy_host_shadow_decisions_total{outcome="dropped"}`).
-pub const SHADOW_RUNS_IN_FLIGHT: usize = 4;
+pub use crate::decide::sandbox::SHADOW_RUNS_IN_FLIGHT;
 
 /// How long the first list of the child caches may take before the controller warns.
 const SYNC_WARNING_AFTER: Duration = Duration::from_secs(30);

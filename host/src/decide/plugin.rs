@@ -155,6 +155,11 @@ impl Plugin {
         &self.inner.limits
     }
 
+    /// Instance slots one instance of this plugin takes (see [`super::sandbox::INSTANCE_SLOTS`]).
+    pub fn slot_cost(&self) -> u32 {
+        self.inner.slot_cost
+    }
+
     /// The contract version the plugin was built against, as its component exports it
     /// (`0.2.1`, `0.2.0`, or `0.1.0` for a plugin served through the previous minor's bindings).
     pub fn contract_version(&self) -> &str {

@@ -28,6 +28,10 @@ pub const INSTANCE_SLOTS: u32 = 128;
 const CORE_INSTANCES_PER_SLOT: u32 = 8;
 const TABLES_PER_SLOT: u32 = 4;
 
+/// Shadow runs of one policy in flight at once; more are dropped and counted
+/// (`policy_host_shadow_decisions_total{outcome="dropped"}`). Counted in the pool's sizing.
+pub const SHADOW_RUNS_IN_FLIGHT: usize = 4;
+
 /// How long a decision waits for instance slots before it gives up as `SandboxBusy` (and is
 /// requeued): a host that is full says so quickly rather than hold the reconcile.
 pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -31,6 +31,7 @@ use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
 use super::trust::{TrustError, TrustPolicy};
 use super::{LoadError, PluginLoader};
 use crate::decide::Plugin;
+use crate::decide::sandbox::{INSTANCE_SLOTS, SHADOW_RUNS_IN_FLIGHT};
 use crate::metrics::Metrics;
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 
@@ -67,6 +68,20 @@ pub enum RefusalError {
         /// Where that one came from.
         other_source: String,
     },
+    /// The loaded plugins could run more instances at once than the host holds.
+    #[error(
+        "plugin `{plugin}` (concurrency {concurrency}) would let the loaded plugins run {demand} instances at once, and this host holds {slots}; lower data.limits.concurrency of this or another plugin"
+    )]
+    PoolFull {
+        /// name@version.
+        plugin: String,
+        /// Its concurrency.
+        concurrency: u16,
+        /// Instance slots all loaded plugins (with this one) may take at once.
+        demand: u32,
+        /// What the host holds.
+        slots: u32,
+    },
     /// Another ConfigMap already loaded a shadow for the same kind.
     #[error(
         "plugin `{plugin}` would shadow {kind}, which `{other}` (from {other_source}) already shadows; one shadow per kind: delete that one first, or promote it"
@@ -96,6 +111,7 @@ impl RefusalError {
             RefusalError::NameTaken { .. } => "PluginNameTaken",
             RefusalError::TargetTaken { .. } => "PluginTargetTaken",
             RefusalError::ShadowTaken { .. } => "PluginShadowTaken",
+            RefusalError::PoolFull { .. } => "PluginPoolFull",
         }
     }
 }
@@ -143,6 +159,20 @@ pub struct ConfigMapSource {
     known: HashMap<String, Known>,
     /// Told once the first list is loaded.
     first_listed: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Instance slots the plugins may take at once: for each, its concurrency times the slots one
+/// instance takes, plus the shadow runs its controller may start (each of the shadow's cost).
+fn instances_at_once(policies: impl Iterator<Item = (u16, u32, u32)>) -> u32 {
+    policies
+        .map(|(concurrency, cost, shadow_cost)| {
+            u32::from(concurrency).saturating_mul(cost).saturating_add(
+                u32::try_from(SHADOW_RUNS_IN_FLIGHT)
+                    .unwrap_or(u32::MAX)
+                    .saturating_mul(shadow_cost),
+            )
+        })
+        .fold(0u32, u32::saturating_add)
 }
 
 /// The source label of a ConfigMap in logs, metrics and the store.
@@ -477,6 +507,44 @@ impl ConfigMapSource {
         }
     }
 
+    /// Refuses `loaded` when, beside the other active plugins (not the one it replaces), the
+    /// plugins could run more instances at once than the host holds: the pool is sized for
+    /// the sum of what loaded plugins may run (review #7c), so no plugin starves another.
+    fn check_pool(
+        &self,
+        loaded: &LoadedPolicy,
+        replacing: Option<&str>,
+    ) -> Result<(), RefusalError> {
+        let shadows = self.store.list_shadows();
+        let at_once = |policy: &LoadedPolicy| {
+            let concurrency = policy.concurrency.unwrap_or(self.defaults.concurrency);
+            let shadow = shadows
+                .iter()
+                .find(|s| {
+                    s.plugin.info().target.to_string() == policy.plugin.info().target.to_string()
+                })
+                .map_or(0, |s| s.plugin.slot_cost());
+            (concurrency, policy.plugin.slot_cost(), shadow)
+        };
+        let others = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|p| p.name() != loaded.name() && Some(p.name()) != replacing)
+            .map(|p| at_once(&p))
+            .collect::<Vec<_>>();
+        let demand = instances_at_once(others.into_iter().chain([at_once(loaded)]));
+        if demand > INSTANCE_SLOTS {
+            return Err(RefusalError::PoolFull {
+                plugin: loaded.plugin.label().to_string(),
+                concurrency: loaded.concurrency.unwrap_or(self.defaults.concurrency),
+                demand,
+                slots: INSTANCE_SLOTS,
+            });
+        }
+        Ok(())
+    }
+
     /// Compiles an active pack and checks it may take its name and kind: the swap to carry
     /// out. A pack that was this ConfigMap's shadow (`previous_shadow`) is a promotion: it
     /// takes the kind over from whichever ConfigMap had it.
@@ -549,6 +617,7 @@ impl ConfigMapSource {
                 other_source: other.source.clone(),
             });
         }
+        self.check_pool(&loaded, previous_policy)?;
         let (outcome, message) = match replaced {
             Some(before) => (
                 "Swapped",
@@ -705,4 +774,26 @@ fn fingerprint(cm: &ConfigMap) -> String {
 
 fn short(sha256: &str) -> &str {
     sha256.get(..12).unwrap_or(sha256)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pure arithmetic: the sizing rule of the instance pool.
+    #[test]
+    fn the_pool_counts_every_plugins_concurrency_and_shadow_runs() {
+        assert_eq!(instances_at_once([(8, 1, 0)].into_iter()), 8);
+        assert_eq!(
+            instances_at_once([(8, 1, 1), (64, 1, 0)].into_iter()),
+            8 + 4 + 64
+        );
+        // Two plugins at the highest concurrency, each with a shadow: more than the host holds.
+        let two = instances_at_once([(64, 1, 1), (64, 1, 1)].into_iter());
+        assert!(two > INSTANCE_SLOTS, "{two}");
+        assert_eq!(
+            instances_at_once([(u16::MAX, u32::MAX, 0)].into_iter()),
+            u32::MAX
+        );
+    }
 }
