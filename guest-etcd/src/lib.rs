@@ -23,6 +23,7 @@
 //! - [`reconcile`] — the decisions, and the status conditions they report.
 
 pub mod children;
+pub mod classic;
 pub mod etcd_api;
 pub mod reconcile;
 pub mod schedule;

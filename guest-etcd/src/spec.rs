@@ -124,6 +124,10 @@ pub struct EtcdClusterSpec {
     /// creation: adding or removing it on a running cluster is refused and changes nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// The classic operator's TLS (`TLS.static`): refused with what to do instead, since its
+    /// Secrets use other key names; use `tls`.
+    #[serde(default, rename = "TLS", skip_serializing_if = "Option::is_none")]
+    pub classic_tls: Option<crate::classic::ClassicTls>,
     /// Stop changing the cluster while a human works on it (the classic operator's field):
     /// no member is added, removed, replaced or upgraded, no child is written or deleted, and
     /// no snapshot is taken unless `backup.whilePaused`. The status keeps reporting what etcd
@@ -263,6 +267,51 @@ pub struct PodPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "any_objects")]
     pub tolerations: Vec<serde_json::Value>,
+    /// Extra labels of the member pods (the classic operator's field). `app`, `etcd_*` and the
+    /// operator's own keys are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the member pods (the classic operator's field).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// The classic operator's spread of members over nodes: `true` (and no `affinity`) adds a
+    /// required pod anti-affinity over `kubernetes.io/hostname` among the cluster's members.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub anti_affinity: bool,
+    /// Environment variables of the etcd container (Kubernetes `EnvVar`s, the classic
+    /// operator's field), e.g. `ETCD_AUTO_COMPACTION_RETENTION`. Variables that would override
+    /// the operator's own flags (`ETCD_NAME`, `ETCD_INITIAL_*`, `ETCD_LISTEN_*`, ...) are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "any_objects")]
+    pub etcd_env: Vec<serde_json::Value>,
+    /// The classic operator's member volume: read as `storage` (its
+    /// `resources.requests.storage` and `storageClassName`). Use `spec.storage` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub persistent_volume_claim_spec: Option<serde_json::Value>,
+    /// Kubernetes `PodSecurityContext` of the member pods, passed as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub security_context: Option<serde_json::Value>,
+    /// The classic operator's DNS-wait init container image: accepted and ignored (no such
+    /// container is needed here); named in the `IgnoredFields` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busybox_image: Option<String>,
+    /// The classic operator's DNS wait: accepted and ignored (see `busyboxImage`).
+    #[serde(
+        default,
+        rename = "DNSTimeoutInSecond",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dns_timeout_in_second: Option<i64>,
+    /// The classic operator's cluster domain for member URLs: accepted and ignored (member
+    /// URLs are `<pod>.<cluster>.<namespace>.svc`).
+    #[serde(
+        default,
+        rename = "ClusterDomain",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cluster_domain: Option<String>,
 }
 
 /// Schema of a Kubernetes object the plugin passes through unchecked (the API server
@@ -505,6 +554,10 @@ pub struct ValidSpec {
     pub tls: Option<TlsSpec>,
     /// `spec.paused`: change nothing.
     pub paused: bool,
+    /// What the classic operator's pod fields add to the member pods.
+    pub classic: crate::classic::ClassicPod,
+    /// Classic fields accepted without a meaning here, each with why.
+    pub ignored: Vec<String>,
 }
 
 /// Default of `spec.backup.keep`.
@@ -636,6 +689,7 @@ impl EtcdClusterSpec {
         {
             return Err("spec.storage.size is empty: set it, e.g. 1Gi".to_owned());
         }
+        let (classic, classic_storage, ignored) = crate::classic::read(self)?;
         let backup = self.backup.as_ref().map(BackupSpec::validate).transpose()?;
         if let Some(restore) = &self.restore {
             validate_restore(restore)?;
@@ -670,11 +724,13 @@ impl EtcdClusterSpec {
                 .as_ref()
                 .map(|p| p.tolerations.clone())
                 .unwrap_or_default(),
-            storage: self.storage.clone(),
+            storage: self.storage.clone().or(classic_storage),
             backup,
             restore: self.restore.clone(),
             tls: self.tls.clone(),
             paused: self.paused,
+            classic,
+            ignored,
         })
     }
 }

@@ -127,6 +127,9 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     {
         container["resources"] = resources;
     }
+    if let Some(env) = container["env"].as_array_mut() {
+        env.extend(spec.classic.env.iter().cloned());
+    }
     let mut pod_spec = json!({
         "hostname": pod,
         "subdomain": cluster.name,
@@ -143,10 +146,28 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     if !spec.tolerations.is_empty() {
         pod_spec["tolerations"] = json!(spec.tolerations);
     }
+    if spec.classic.anti_affinity {
+        // What the classic operator's `antiAffinity: true` meant: no two members on one node.
+        pod_spec["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {LABEL_INSTANCE: cluster.name}},
+            "topologyKey": "kubernetes.io/hostname",
+        }]}});
+    }
+    if let Some(security_context) = &spec.classic.security_context {
+        pod_spec["securityContext"] = security_context.clone();
+    }
+    let mut labels = cluster.member_labels(pod);
+    for (key, value) in &spec.classic.labels {
+        labels[key] = json!(value);
+    }
+    let mut metadata = json!({"name": pod, "labels": labels});
+    if !spec.classic.annotations.is_empty() {
+        metadata["annotations"] = json!(spec.classic.annotations);
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": pod, "labels": cluster.member_labels(pod)},
+        "metadata": metadata,
         "spec": pod_spec,
     })
 }
@@ -239,7 +260,16 @@ pub(super) fn with_operator_tls(mut pod: Value, tls: &TlsSpec) -> Value {
 /// outlives the container). Everything else is copied from the observed pod, because a
 /// pod's other fields are immutable and its `--initial-cluster` was what it was at
 /// creation. `None` if the pod has no `etcd` container.
-pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
+///
+/// The labels and annotations of `spec_labels` and `spec_annotations` (`pod.labels`,
+/// `pod.annotations`) are kept as the pod has them: this plugin applied them at creation, and an
+/// apply without them would remove them.
+pub fn with_image(
+    observed: &Value,
+    image: &str,
+    spec_labels: &std::collections::BTreeMap<String, String>,
+    spec_annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<Value> {
     let name = observed["metadata"]["name"].as_str()?;
     let spec = observed.get("spec")?;
     let container = spec["containers"]
@@ -301,21 +331,36 @@ pub fn with_image(observed: &Value, image: &str) -> Option<Value> {
         "nodeSelector",
         "affinity",
         "tolerations",
+        "securityContext",
     ] {
         if let Some(value) = spec.get(key) {
             pod_spec[key] = value.clone();
         }
     }
     let mut labels = json!({});
-    for key in [LABEL_NAME, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_MEMBER] {
+    for key in [LABEL_NAME, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_MEMBER]
+        .into_iter()
+        .chain(spec_labels.keys().map(String::as_str))
+    {
         if let Some(value) = observed["metadata"]["labels"].get(key) {
             labels[key] = value.clone();
         }
     }
+    let mut metadata = json!({"name": name, "labels": labels});
+    let annotations: serde_json::Map<String, Value> = spec_annotations
+        .keys()
+        .filter_map(|key| {
+            let value = observed["metadata"]["annotations"].get(key)?;
+            Some((key.clone(), value.clone()))
+        })
+        .collect();
+    if !annotations.is_empty() {
+        metadata["annotations"] = Value::Object(annotations);
+    }
     Some(json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": metadata,
         "spec": pod_spec,
     }))
 }

@@ -125,7 +125,13 @@ fn with_image_keeps_everything_but_the_image() {
         .as_array_mut()
         .expect("volumes")
         .push(json!({"name": "kube-api-access-x", "projected": {}}));
-    let upgraded = with_image(&pod, "repo:v3.6.17").expect("etcd container");
+    let upgraded = with_image(
+        &pod,
+        "repo:v3.6.17",
+        &Default::default(),
+        &Default::default(),
+    )
+    .expect("etcd container");
     assert_eq!(upgraded["spec"]["containers"][0]["image"], "repo:v3.6.17");
     assert_eq!(
         upgraded["spec"]["containers"][0]["args"],
@@ -163,7 +169,13 @@ fn a_restoring_seed_keeps_its_init_container_through_an_upgrade() {
     );
     // Init containers of a running pod are immutable: an upgrade re-applies them as
     // they are, with the snapshot's volume.
-    let upgraded = with_image(&restoring, "repo:v3.6.17").expect("etcd container");
+    let upgraded = with_image(
+        &restoring,
+        "repo:v3.6.17",
+        &Default::default(),
+        &Default::default(),
+    )
+    .expect("etcd container");
     assert_eq!(
         upgraded["spec"]["initContainers"],
         restoring["spec"]["initContainers"]
@@ -234,7 +246,13 @@ fn a_seed_restoring_from_s3_downloads_the_object_then_restores_it() {
         "{volumes:?}"
     );
     // An upgrade re-applies the init containers as they are, credentials included.
-    let upgraded = with_image(&restoring, "repo:v3.6.17").expect("etcd container");
+    let upgraded = with_image(
+        &restoring,
+        "repo:v3.6.17",
+        &Default::default(),
+        &Default::default(),
+    )
+    .expect("etcd container");
     assert_eq!(
         upgraded["spec"]["initContainers"],
         restoring["spec"]["initContainers"]
@@ -274,7 +292,13 @@ fn scheduling_settings_reach_the_pod_and_survive_an_upgrade() {
     assert_eq!(pod["spec"]["nodeSelector"], json!({"disk": "ssd"}));
     assert_eq!(pod["spec"]["tolerations"][0]["key"], "dedicated");
     assert!(pod["spec"]["affinity"]["podAntiAffinity"].is_object());
-    let upgraded = with_image(&pod, "repo:v3.6.17").expect("etcd container");
+    let upgraded = with_image(
+        &pod,
+        "repo:v3.6.17",
+        &Default::default(),
+        &Default::default(),
+    )
+    .expect("etcd container");
     for key in ["nodeSelector", "affinity", "tolerations"] {
         assert_eq!(upgraded["spec"][key], pod["spec"][key], "{key}");
     }

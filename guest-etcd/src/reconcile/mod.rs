@@ -50,6 +50,9 @@ pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 /// Condition type: `spec.paused` holds every change (present once a cluster was paused).
 pub const PAUSED: &str = "Paused";
+/// Condition type: fields of the classic operator that mean nothing here were accepted and
+/// ignored (present once a spec had some).
+pub const IGNORED_FIELDS: &str = "IgnoredFields";
 
 /// Requeue delay while something is changing or the plugin waits for members.
 pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;

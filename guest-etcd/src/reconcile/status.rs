@@ -5,7 +5,7 @@ use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use serde_json::Value;
 
 use super::{
-    AVAILABLE, DEGRADED, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_ADDING_MS,
+    AVAILABLE, DEGRADED, IGNORED_FIELDS, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_ADDING_MS,
     REQUEUE_PROGRESSING_MS, REQUEUE_STEADY_MS, Step,
 };
 use crate::children::quorum;
@@ -139,6 +139,41 @@ impl Step<'_> {
                 condition.message.clone(),
             );
         }
+        let ignored_condition = if self.spec.ignored.is_empty() {
+            parent
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == IGNORED_FIELDS && c.status == "True")
+                .then(|| {
+                    Condition::new(
+                        IGNORED_FIELDS,
+                        false,
+                        "NoneIgnored",
+                        "every field of the spec is used",
+                    )
+                })
+        } else {
+            Some(Condition::new(
+                IGNORED_FIELDS,
+                true,
+                "ClassicFieldsIgnored",
+                format!(
+                    "fields of the classic etcd-operator with no meaning here, accepted and ignored: {}",
+                    self.spec.ignored.join("; ")
+                ),
+            ))
+        };
+        if let Some(condition) = ignored_condition
+            .as_ref()
+            .filter(|c| c.status == "True" && !already_set(&parent.status.conditions, c))
+        {
+            self.event(
+                EventType::Warning,
+                &condition.reason,
+                condition.message.clone(),
+            );
+        }
         status.phase = Some(if paused {
             Phase::Paused
         } else if lost {
@@ -153,6 +188,7 @@ impl Step<'_> {
         for condition in [available, progressing, degraded]
             .into_iter()
             .chain(paused_condition)
+            .chain(ignored_condition)
         {
             set_condition(
                 &mut status.conditions,

@@ -1,8 +1,9 @@
 //! Table-driven tests of the decisions: one row per situation, including every point where
 //! the host may stop between two steps of a membership change. Backup rows are in
-//! [`backup`], `spec.paused` rows in [`paused`].
+//! [`backup`], `spec.paused` rows in [`paused`], the classic operator's fields in [`classic`].
 
 mod backup;
+mod classic;
 mod paused;
 
 use policy_host_sdk::testing::Harness;
@@ -1673,6 +1674,7 @@ fn decisions() {
         .into_iter()
         .chain(backup::rows())
         .chain(paused::rows())
+        .chain(classic::rows())
     {
         let mut etcd = row.etcd.clone();
         let decision = match reconcile(&row.observation, &mut etcd) {

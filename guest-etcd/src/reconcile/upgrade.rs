@@ -118,7 +118,12 @@ impl Step<'_> {
                 }
             }
         }
-        match children::with_image(&pod.object, image) {
+        match children::with_image(
+            &pod.object,
+            image,
+            &self.spec.classic.labels,
+            &self.spec.classic.annotations,
+        ) {
             Some(object) => {
                 self.actions.push(Action::Apply(object));
                 self.event(
