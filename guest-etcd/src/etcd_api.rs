@@ -83,6 +83,25 @@ pub struct EndpointStatus {
     pub revision: i64,
     /// Size of the member's database file in bytes (`dbSize`).
     pub db_size: i64,
+    /// Bytes of that file in use (`dbSizeInUse`); the rest is free pages a defragmentation
+    /// gives back.
+    pub db_size_in_use: i64,
+}
+
+impl EndpointStatus {
+    /// Whether the cluster has the NOSPACE alarm raised (the database reached its quota and
+    /// etcd takes no more writes): alarms are cluster-wide, any member reports them.
+    pub fn no_space(&self) -> bool {
+        self.errors.iter().any(|e| e.contains("NOSPACE"))
+    }
+
+    /// Percentage of the database file that is free pages (0 when unknown).
+    pub fn fragmentation_percent(&self) -> i64 {
+        if self.db_size <= 0 || self.db_size_in_use <= 0 {
+            return 0;
+        }
+        (self.db_size - self.db_size_in_use).max(0) * 100 / self.db_size
+    }
 }
 
 /// etcd's hash of its key-value store up to a revision (`maintenance hashkv`): members that
@@ -152,6 +171,14 @@ pub trait EtcdApi {
     fn move_leader(&mut self, pod: &str, target: u64) -> Result<(), EtcdError>;
     /// `maintenance hashkv` at `revision` of the etcd serving `pod`.
     fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError>;
+    /// `compaction` of the key-value history up to `revision`, physical (waits until the
+    /// space is free to be reused). Compacting at or below the last compaction is a no-op.
+    fn compact(&mut self, pod: &str, revision: i64) -> Result<(), EtcdError>;
+    /// `defrag` of the member serving `pod`: its database file shrinks to what is in use. The
+    /// member answers nothing else meanwhile.
+    fn defragment(&mut self, pod: &str) -> Result<(), EtcdError>;
+    /// `alarm disarm` of NOSPACE for every member.
+    fn disarm_no_space(&mut self, pod: &str) -> Result<(), EtcdError>;
     /// From now on, reach members over TLS as `tls` says (a cluster with `spec.tls`). Fakes
     /// that model no transport ignore it.
     fn use_tls(&mut self, tls: MemberTls) {
@@ -250,6 +277,23 @@ struct StatusResponse {
     errors: Vec<String>,
     #[serde(default, alias = "db_size", deserialize_with = "de_i64")]
     db_size: i64,
+    #[serde(default, alias = "db_size_in_use", deserialize_with = "de_i64")]
+    db_size_in_use: i64,
+}
+
+#[derive(Deserialize, Default)]
+struct AlarmResponse {
+    #[serde(default)]
+    alarms: Vec<AlarmMember>,
+}
+
+#[derive(Deserialize)]
+struct AlarmMember {
+    #[serde(default, rename = "memberID", deserialize_with = "de_u64")]
+    member_id: u64,
+    /// `NOSPACE`, `CORRUPT` (the gateway writes enum names).
+    #[serde(default)]
+    alarm: String,
 }
 
 #[derive(Deserialize)]
@@ -285,6 +329,12 @@ pub const STATUS_PATH: &str = "/v3/maintenance/status";
 pub const MOVE_LEADER_PATH: &str = "/v3/maintenance/transfer-leadership";
 /// Path of `maintenance hashkv`.
 pub const HASH_KV_PATH: &str = "/v3/maintenance/hashkv";
+/// Path of `compaction`.
+pub const COMPACTION_PATH: &str = "/v3/kv/compaction";
+/// Path of `defrag`.
+pub const DEFRAGMENT_PATH: &str = "/v3/maintenance/defragment";
+/// Path of `alarm` (list, activate, deactivate).
+pub const ALARM_PATH: &str = "/v3/maintenance/alarm";
 
 /// Body of `member list`: linearizable (etcd 3.5+), so the list goes through the leader and
 /// includes every committed change. A member's local, possibly lagging view could miss a
@@ -388,6 +438,7 @@ pub fn decode_status(response: &AppCallResponse) -> Result<EndpointStatus, EtcdE
         errors: r.errors,
         revision: r.header.revision,
         db_size: r.db_size,
+        db_size_in_use: r.db_size_in_use,
     })
 }
 
@@ -481,6 +532,31 @@ impl<A: AppCall> EtcdApi for GatewayEtcdApi<A> {
 
     fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError> {
         decode_hash_kv(&self.post(pod, HASH_KV_PATH, encode_hash_kv(revision))?)
+    }
+
+    fn compact(&mut self, pod: &str, revision: i64) -> Result<(), EtcdError> {
+        let body = json!({"revision": revision.to_string(), "physical": true});
+        match check_status(&self.post(pod, COMPACTION_PATH, body)?) {
+            // Compacted at or past this revision already: what was asked holds.
+            Err(EtcdError::Rejected { message, .. }) if message.contains("compacted") => Ok(()),
+            other => other,
+        }
+    }
+
+    fn defragment(&mut self, pod: &str) -> Result<(), EtcdError> {
+        check_status(&self.post(pod, DEFRAGMENT_PATH, json!({}))?)
+    }
+
+    fn disarm_no_space(&mut self, pod: &str) -> Result<(), EtcdError> {
+        // As `etcdctl alarm disarm` does: list the alarms, then deactivate each member's.
+        let listed = self.post(pod, ALARM_PATH, json!({"action": "GET"}))?;
+        check_status(&listed)?;
+        let alarms: AlarmResponse = parse("alarm list", &listed.body)?;
+        for alarm in alarms.alarms.iter().filter(|a| a.alarm == "NOSPACE") {
+            let body = json!({"action": "DEACTIVATE", "memberID": alarm.member_id.to_string(), "alarm": "NOSPACE"});
+            check_status(&self.post(pod, ALARM_PATH, body)?)?;
+        }
+        Ok(())
     }
 }
 

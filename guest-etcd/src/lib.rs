@@ -25,6 +25,7 @@
 pub mod children;
 pub mod classic;
 pub mod etcd_api;
+pub mod maintenance;
 pub mod reconcile;
 pub mod schedule;
 pub mod spec;

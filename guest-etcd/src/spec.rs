@@ -116,6 +116,10 @@ pub struct EtcdClusterSpec {
     /// schedule, each one proven to restore before it is listed in `status.backup`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
+    /// Database maintenance: compaction, the backend quota, defragmentation and recovery
+    /// from the NOSPACE alarm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<crate::maintenance::MaintenanceSpec>,
     /// Start a new cluster from a snapshot instead of empty (read only at creation; later
     /// changes are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -548,6 +552,8 @@ pub struct ValidSpec {
     pub storage: Option<StorageSpec>,
     /// Snapshots, if any.
     pub backup: Option<ValidBackup>,
+    /// Database maintenance (defaults: none).
+    pub maintenance: crate::maintenance::ValidMaintenance,
     /// Snapshot to start from, if any.
     pub restore: Option<RestoreSpec>,
     /// TLS Secrets, if the cluster speaks TLS.
@@ -691,6 +697,12 @@ impl EtcdClusterSpec {
         }
         let (classic, classic_storage, ignored) = crate::classic::read(self)?;
         let backup = self.backup.as_ref().map(BackupSpec::validate).transpose()?;
+        let maintenance = self
+            .maintenance
+            .as_ref()
+            .map(crate::maintenance::MaintenanceSpec::validate)
+            .transpose()?
+            .unwrap_or_default();
         if let Some(restore) = &self.restore {
             validate_restore(restore)?;
         }
@@ -726,6 +738,7 @@ impl EtcdClusterSpec {
                 .unwrap_or_default(),
             storage: self.storage.clone().or(classic_storage),
             backup,
+            maintenance,
             restore: self.restore.clone(),
             tls: self.tls.clone(),
             paused: self.paused,

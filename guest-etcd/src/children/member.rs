@@ -93,6 +93,7 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
     if spec.version.supports_max_learners() {
         args.push(MAX_LEARNERS_FLAG.to_owned());
     }
+    args.extend(spec.maintenance.flags.iter().cloned());
     let mut container = json!({
         "name": ETCD_CONTAINER,
         "image": spec.image,

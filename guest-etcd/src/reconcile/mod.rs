@@ -466,6 +466,7 @@ impl<'a> Step<'a> {
         }
         let list = self.membership_step(etcd, &view.contact, view.list, leader);
         self.backup(etcd, &view.contact);
+        self.maintain(etcd, &view.contact, view.status.as_ref(), &list, leader);
         Outcome::Reachable { list, version }
     }
 
@@ -487,6 +488,7 @@ impl<'a> Step<'a> {
 }
 
 mod backup;
+mod maintenance;
 mod membership;
 mod recovery;
 mod status;

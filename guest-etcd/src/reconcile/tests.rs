@@ -4,6 +4,7 @@
 
 mod backup;
 mod classic;
+mod maintenance;
 mod paused;
 
 use policy_host_sdk::testing::Harness;
@@ -40,6 +41,10 @@ struct FakeEtcd {
     db_size: i64,
     hash: u32,
     next_id: u64,
+    /// Alarms every member reports (`status` errors), e.g. `memberID:1 alarm:NOSPACE`.
+    alarms: Vec<String>,
+    /// `(pod, dbSize, dbSizeInUse)` of single members, overriding `db_size` (fully in use).
+    db_sizes: Vec<(&'static str, i64, i64)>,
     calls: Vec<String>,
     /// What `use_tls` was told, if anything.
     tls: Option<MemberTls>,
@@ -61,6 +66,8 @@ impl Default for FakeEtcd {
             db_size: 20_480,
             hash: 4_178_063_679,
             next_id: 100,
+            alarms: Vec::new(),
+            db_sizes: Vec::new(),
             calls: Vec::new(),
             tls: None,
         }
@@ -193,15 +200,46 @@ impl EtcdApi for FakeEtcd {
             .iter()
             .find(|(p, _)| *p == pod)
             .map_or(self.version, |(_, v)| *v);
+        let (db_size, db_size_in_use) = self
+            .db_sizes
+            .iter()
+            .find(|(p, _, _)| *p == pod)
+            .map_or((self.db_size, self.db_size), |(_, size, in_use)| {
+                (*size, *in_use)
+            });
         Ok(EndpointStatus {
             version: version.to_owned(),
             member_id: 0,
             leader: self.leader,
             is_learner: false,
-            errors: Vec::new(),
+            errors: self.alarms.clone(),
             revision: self.revision,
-            db_size: self.db_size,
+            db_size,
+            db_size_in_use,
         })
+    }
+
+    fn compact(&mut self, pod: &str, revision: i64) -> Result<(), EtcdError> {
+        self.calls.push(format!("compact {revision}"));
+        self.answers(pod)
+    }
+
+    fn defragment(&mut self, pod: &str) -> Result<(), EtcdError> {
+        self.calls.push(format!("defrag {pod}"));
+        self.answers(pod)?;
+        for entry in &mut self.db_sizes {
+            if entry.0 == pod {
+                entry.1 = entry.2;
+            }
+        }
+        Ok(())
+    }
+
+    fn disarm_no_space(&mut self, pod: &str) -> Result<(), EtcdError> {
+        self.calls.push("disarm".to_owned());
+        self.answers(pod)?;
+        self.alarms.clear();
+        Ok(())
     }
 
     fn hash_kv(&mut self, pod: &str, revision: i64) -> Result<KvHash, EtcdError> {
@@ -1675,6 +1713,7 @@ fn decisions() {
         .chain(backup::rows())
         .chain(paused::rows())
         .chain(classic::rows())
+        .chain(maintenance::rows())
     {
         let mut etcd = row.etcd.clone();
         let decision = match reconcile(&row.observation, &mut etcd) {
