@@ -27,11 +27,12 @@ async fn a_full_database_recovers_from_nospace_and_keeps_every_acknowledged_writ
             .await?;
         fixture.wait_converged(3).await?;
 
-        // Fill the quota with history: the same few keys over and over, 512 KiB each time.
-        let value = "v".repeat(512 << 10);
+        // Fill the quota with history: the same few keys over and over, 120 KiB each time (a
+        // command-line argument may not pass 128 KiB).
+        let value = "v".repeat(120 << 10);
         let mut last: Vec<Option<String>> = vec![None; KEYS];
         let mut refused = None;
-        for n in 0..200 {
+        for n in 0..600 {
             let endpoints = fixture.endpoints().await.map_err(anyhow::Error::msg)?;
             let key = format!("big-{}", n % KEYS);
             let stamped = format!("{n}:{value}");
@@ -43,7 +44,7 @@ async fn a_full_database_recovers_from_nospace_and_keeps_every_acknowledged_writ
                 }
             }
         }
-        let refused = refused.ok_or_else(|| anyhow::anyhow!("200 large writes never hit the quota"))?;
+        let refused = refused.ok_or_else(|| anyhow::anyhow!("600 large writes never hit the quota"))?;
         anyhow::ensure!(refused.contains("space exceeded"), "{refused}");
 
         // Reported, with what to do, while recovery is not allowed.
