@@ -29,6 +29,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::{Observed, is_controlled_by};
 
@@ -240,6 +241,8 @@ pub struct Executor {
     info: PolicyInfo,
     parent_resource: ApiResource,
     act_deadline: Duration,
+    /// What the admin granted the plugin: the kinds and pod security its writes must keep to.
+    grants: Grants,
 }
 
 /// Eight hex digits identifying a text.
@@ -282,6 +285,7 @@ impl Executor {
             parent_resource: api_resource(&info.target),
             info: info.clone(),
             act_deadline: ACT_DEADLINE,
+            grants: Grants::default(),
         }
     }
 
@@ -290,6 +294,14 @@ impl Executor {
     pub fn for_plugin(&self, plugin_label: &str) -> Self {
         Self {
             plugin_label: plugin_label.to_string(),
+            ..self.clone()
+        }
+    }
+
+    /// The same executor, checking writes against `grants` (kinds and pod security).
+    pub fn with_grants(&self, grants: &Grants) -> Self {
+        Self {
+            grants: grants.clone(),
             ..self.clone()
         }
     }
@@ -354,6 +366,27 @@ impl Executor {
         }
     }
 
+    /// Refuses what the admin's grants do not allow: a kind outside `grants.kinds`, a pod (or
+    /// a pod template) above the granted pod-security level.
+    fn granted(&self, kind: &KindRef, applied: &AppliedObject) -> Result<(), ActError> {
+        let name = &applied.name;
+        if let Some(kinds) = &self.grants.kinds
+            && !kinds.contains(&kind.to_string())
+        {
+            return Err(self.refused(format!(
+                "it applied {} `{name}`, a kind its grants do not allow (granted: {kinds:?}); the admin adds `{kind}` to data.grants.kinds of its ConfigMap",
+                kind.kind
+            )));
+        }
+        crate::pod_security::check(&applied.object, self.grants.pod_security).map_err(|why| {
+            self.refused(format!(
+                "it applied {} `{name}` with {why}, above the {} pod security its grants allow; the admin grants `podSecurity: privileged` in data.grants of its ConfigMap if the plugin must",
+                kind.kind,
+                self.grants.pod_security.name()
+            ))
+        })
+    }
+
     fn declared(&self, api_version: &str, kind: &str) -> Option<&KindRef> {
         self.info
             .children
@@ -385,6 +418,7 @@ impl Executor {
                 "it applied {kind} `{name}` with the {key}, which only the host sets (a ConfigMap labelled `policy-host.io/plugin` is code the host loads)"
             )));
         }
+        self.granted(&declared, applied)?;
         Ok(declared)
     }
 

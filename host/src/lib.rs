@@ -39,6 +39,8 @@ pub mod decide;
 pub mod capability;
 
 pub mod act;
+// What the act stage checks pods against: the pod-security level of the plugin's grant.
+pub mod pod_security;
 
 pub mod shadow;
 // Beside act: the host's own writes for a parent's opt-in chaos drill.

@@ -136,6 +136,14 @@ enum Command {
         /// Let its parents ask for chaos drills on their own pods (`policy-host.io/chaos`).
         #[arg(long)]
         grant_chaos: bool,
+        /// Let it write only this child kind (`pods.v1`, `deployments.apps/v1`); repeat for
+        /// several. Without any, every kind it declares.
+        #[arg(long = "grant-kind", value_name = "KIND")]
+        grant_kinds: Vec<String>,
+        /// What its pods may reach of the node: `baseline` (no host namespaces, hostPath,
+        /// privileged containers, host ports or extra capabilities) or `privileged`.
+        #[arg(long, default_value = "baseline", value_name = "LEVEL")]
+        grant_pod_security: String,
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
@@ -361,6 +369,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             exchange_grants,
             grant_requested,
             grant_chaos,
+            grant_kinds,
+            grant_pod_security,
             shadow,
             sign,
             limits,
@@ -372,6 +382,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     app_call_ports: grants,
                     exchange_ports: exchange_grants,
                     chaos: grant_chaos,
+                    kinds: (!grant_kinds.is_empty()).then_some(grant_kinds),
+                    pod_security: policy_host::capability::scope::PodSecurity::parse(
+                        &grant_pod_security,
+                    )
+                    .map_err(anyhow::Error::msg)?,
                 },
                 grant_requested,
                 limits: limits.spec(),

@@ -23,7 +23,44 @@ pub struct Grants {
     pub exchange_ports: Vec<String>,
     /// Parents may ask for chaos drills (`policy-host.io/chaos`) killing their own pods.
     pub chaos: bool,
+    /// The child kinds (`plural.apiVersion`, as `describe()` shows them, e.g. `pods.v1`) the
+    /// plugin may write; `None`: every kind it declares.
+    pub kinds: Option<Vec<String>>,
+    /// How much the pods it creates may reach of the node (checked by the act stage).
+    pub pod_security: PodSecurity,
 }
+
+/// How much a plugin's pods may reach of the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodSecurity {
+    /// The Pod Security Standards' baseline (see the module docs).
+    #[default]
+    Baseline,
+    /// Anything: only when the admin grants it.
+    Privileged,
+}
+
+impl PodSecurity {
+    /// Reads `baseline` or `privileged`.
+    pub fn parse(text: &str) -> Result<PodSecurity, String> {
+        match text.trim() {
+            "" | "baseline" => Ok(PodSecurity::Baseline),
+            "privileged" => Ok(PodSecurity::Privileged),
+            other => Err(format!(
+                "podSecurity `{other}` is not a level: write baseline (the default) or privileged"
+            )),
+        }
+    }
+
+    /// The name, as written in grants.
+    pub fn name(self) -> &'static str {
+        match self {
+            PodSecurity::Baseline => "baseline",
+            PodSecurity::Privileged => "privileged",
+        }
+    }
+}
+
 
 impl Grants {
     /// Everything a plugin asks for, from the capabilities it describes (for plugins the
@@ -49,7 +86,11 @@ impl Grants {
 
     /// True when nothing is granted.
     pub fn is_empty(&self) -> bool {
-        self.app_call_ports.is_empty() && self.exchange_ports.is_empty() && !self.chaos
+        self.app_call_ports.is_empty()
+            && self.exchange_ports.is_empty()
+            && !self.chaos
+            && self.kinds.is_none()
+            && self.pod_security == PodSecurity::Baseline
     }
 
     /// The grants as capabilities, for logs and Events: `app-call(client)`, `exchange(redis)`.
@@ -57,7 +98,18 @@ impl Grants {
         let app_calls = self.app_call_ports.iter().map(|p| format!("app-call({p})"));
         let exchanges = self.exchange_ports.iter().map(|p| format!("exchange({p})"));
         let chaos = self.chaos.then(|| "chaos".to_owned());
-        app_calls.chain(exchanges).chain(chaos).collect()
+        let kinds = self
+            .kinds
+            .as_ref()
+            .map(|kinds| format!("kinds({})", kinds.join(", ")));
+        let pods = (self.pod_security != PodSecurity::Baseline)
+            .then(|| format!("pods({})", self.pod_security.name()));
+        app_calls
+            .chain(exchanges)
+            .chain(chaos)
+            .chain(kinds)
+            .chain(pods)
+            .collect()
     }
 }
 

@@ -91,6 +91,13 @@ pub struct GrantsSpec {
     /// Parents may ask for chaos drills on their own pods (`policy-host.io/chaos`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub chaos: bool,
+    /// The child kinds it may write (`pods.v1`, `services.v1`, `deployments.apps/v1`);
+    /// absent: every kind it declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Vec<String>>,
+    /// `baseline` (default) or `privileged`: what its pods may reach of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<String>,
 }
 
 /// The defaults a pack's limits start from (the host's command-line limits).
@@ -280,6 +287,13 @@ impl PluginPack {
                 })?
             }
         };
+        let pod_security = crate::capability::scope::PodSecurity::parse(
+            grants.pod_security.as_deref().unwrap_or_default(),
+        )
+        .map_err(|message| PackError::Grants {
+            config_map: config_map.clone(),
+            message,
+        })?;
         let limits = match data.get(LIMITS_KEY).map(|t| t.trim()).filter(|t| !t.is_empty()) {
             None => LimitsSpec::default(),
             Some(text) => serde_yaml::from_str::<LimitsSpec>(text).map_err(|e| PackError::Limits {
@@ -311,6 +325,8 @@ impl PluginPack {
                 app_call_ports: grants.app_call,
                 exchange_ports: grants.exchange,
                 chaos: grants.chaos,
+                kinds: grants.kinds,
+                pod_security,
             },
             limits,
             concurrency,
@@ -412,6 +428,9 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
             app_call: options.grants.app_call_ports.clone(),
             exchange: options.grants.exchange_ports.clone(),
             chaos: options.grants.chaos,
+            kinds: options.grants.kinds.clone(),
+            pod_security: (options.grants.pod_security != crate::capability::scope::PodSecurity::Baseline)
+                .then(|| options.grants.pod_security.name().to_owned()),
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
     }
@@ -468,6 +487,8 @@ mod tests {
                 app_call_ports: vec!["client".into()],
                 exchange_ports: Vec::new(),
                 chaos: true,
+                kinds: Some(vec!["configmaps.v1".into()]),
+                pod_security: crate::capability::scope::PodSecurity::Privileged,
             },
             limits: LimitsSpec {
                 deadline_ms: Some(2500),
@@ -500,6 +521,11 @@ mod tests {
         assert_eq!(pack.sha256, sha256_hex(COMPONENT));
         assert_eq!(pack.grants.app_call_ports, vec!["client".to_string()]);
         assert!(pack.grants.chaos);
+        assert_eq!(pack.grants.kinds, Some(vec!["configmaps.v1".to_string()]));
+        assert_eq!(
+            pack.grants.pod_security,
+            crate::capability::scope::PodSecurity::Privileged
+        );
         assert_eq!(pack.limits.deadline, Duration::from_millis(2500));
         assert_eq!(
             pack.limits.memory_bytes,

@@ -13,6 +13,8 @@
 //! - `call-own`: the same with its own pod `own-0` (granted port `http`);
 //! - `log-split`: logs one line of `"a"` then `spec.count` two-byte characters (and the same
 //!   as a field), so a cut at any even byte offset falls inside a character;
+//! - `privileged-pod`: applies a Pod `<parent>-priv` with a privileged container (above the
+//!   baseline pod security a grant allows by default);
 //! - `log-flood`: logs `spec.count` short lines (default 100,000) in one decision;
 //! - `refuse-huge`: refuses with a reason of `spec.count` bytes (default 100,000) and a
 //!   message ten times that.
@@ -69,6 +71,16 @@ mod plugin {
         }
     }
 
+    fn pods() -> KindRef {
+        KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            plural: "pods".into(),
+            namespaced: true,
+        }
+    }
+
     fn refuse(reason: &str, message: String) -> PolicyError {
         PolicyError {
             reason: reason.into(),
@@ -82,7 +94,7 @@ mod plugin {
                 name: "misbehaving".into(),
                 version: VERSION.into(),
                 target: target(),
-                children: vec![config_maps()],
+                children: vec![config_maps(), pods()],
                 capabilities: vec![Capability::AppCall("http".into())],
                 wants_finalizer: true,
             }
@@ -160,6 +172,18 @@ mod plugin {
                         requeue_after_ms: None,
                     })
                 }
+                "privileged-pod" => Ok(Decision {
+                    actions: vec![Action::Apply(
+                        json!({
+                            "apiVersion": "v1", "kind": "Pod",
+                            "metadata": { "name": format!("{name}-priv") },
+                            "spec": { "containers": [{ "name": "app", "image": "pause",
+                                "securityContext": { "privileged": true } }] },
+                        })
+                        .to_string(),
+                    )],
+                    requeue_after_ms: None,
+                }),
                 "log-flood" => {
                     let count = parent["spec"]["count"].as_u64().unwrap_or(100_000);
                     for n in 0..count {
