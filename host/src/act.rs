@@ -188,15 +188,7 @@ pub enum ActError {
     },
 }
 
-/// The API server's own message for an API error (not the Debug dump of its Status).
-pub fn api_error_text(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => {
-            format!("{} ({} {})", status.message, status.code, status.reason)
-        }
-        other => other.to_string(),
-    }
-}
+pub use crate::api_error::api_error_text;
 
 impl ActError {
     /// A short CamelCase reason for Events and metrics.

@@ -490,7 +490,7 @@ async fn reconcile(
     );
     ctx.executor
         .for_plugin(plugin.label())
-                .with_grants(&loaded.grants)
+        .with_grants(&loaded.grants)
         .apply_decision(&parent, &observed, decision.actions)
         .await?;
     // After the decision is carried out, never instead of it: a drill only adds a kill.

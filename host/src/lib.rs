@@ -22,6 +22,8 @@
 //! [`plugin_cli`] (`pack`, `validate`, `simulate` for plugin authors).
 
 pub mod contract;
+// Beside the contract: how an API error reads, for every stage that writes.
+pub mod api_error;
 
 pub mod leader;
 pub mod load;

@@ -32,7 +32,11 @@ const BASELINE_CAPABILITIES: &[&str] = &[
 fn pod_spec(object: &Value) -> Option<&Value> {
     match object["kind"].as_str()? {
         "Pod" => Some(&object["spec"]),
-        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job"
+        "Deployment"
+        | "StatefulSet"
+        | "DaemonSet"
+        | "ReplicaSet"
+        | "Job"
         | "ReplicationController" => Some(&object["spec"]["template"]["spec"]),
         "CronJob" => Some(&object["spec"]["jobTemplate"]["spec"]["template"]["spec"]),
         "PodTemplate" => Some(&object["template"]["spec"]),
@@ -114,12 +118,26 @@ mod tests {
     #[test]
     fn baseline_refuses_each_way_out_of_a_pod_and_privileged_allows_it() {
         let rows = [
-            ("host network", pod(json!({"hostNetwork": true, "containers": []})), "hostNetwork"),
-            ("host PID", pod(json!({"hostPID": true, "containers": []})), "hostPID"),
-            ("host IPC", pod(json!({"hostIPC": true, "containers": []})), "hostIPC"),
+            (
+                "host network",
+                pod(json!({"hostNetwork": true, "containers": []})),
+                "hostNetwork",
+            ),
+            (
+                "host PID",
+                pod(json!({"hostPID": true, "containers": []})),
+                "hostPID",
+            ),
+            (
+                "host IPC",
+                pod(json!({"hostIPC": true, "containers": []})),
+                "hostIPC",
+            ),
             (
                 "hostPath",
-                pod(json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "containers": []})),
+                pod(
+                    json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "containers": []}),
+                ),
                 "hostPath",
             ),
             (
@@ -129,18 +147,24 @@ mod tests {
             ),
             (
                 "an added capability",
-                pod(container(json!({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}))),
+                pod(container(
+                    json!({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
+                )),
                 "SYS_ADMIN",
             ),
             (
                 "a host port",
-                pod(container(json!({"ports": [{"containerPort": 80, "hostPort": 80}]}))),
+                pod(container(
+                    json!({"ports": [{"containerPort": 80, "hostPort": 80}]}),
+                )),
                 "host port",
             ),
             (
                 "a privileged init container",
-                pod(json!({"initContainers": [{"name": "init", "securityContext": {"privileged": true}}],
-                    "containers": []})),
+                pod(
+                    json!({"initContainers": [{"name": "init", "securityContext": {"privileged": true}}],
+                    "containers": []}),
+                ),
                 "init",
             ),
             (
@@ -163,17 +187,25 @@ mod tests {
                 refused.as_ref().is_err_and(|m| m.contains(fragment)),
                 "{situation}: {refused:?}"
             );
-            assert_eq!(check(&object, PodSecurity::Privileged), Ok(()), "{situation}");
+            assert_eq!(
+                check(&object, PodSecurity::Privileged),
+                Ok(()),
+                "{situation}"
+            );
         }
     }
 
     #[test]
     fn baseline_allows_ordinary_pods_and_other_kinds() {
         let rows = [
-            pod(container(json!({"ports": [{"containerPort": 2379, "name": "client"}],
-                "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}}}))),
-            pod(json!({"securityContext": {"runAsNonRoot": true}, "volumes": [{"name": "data", "emptyDir": {}}],
-                "containers": [{"name": "etcd"}]})),
+            pod(container(
+                json!({"ports": [{"containerPort": 2379, "name": "client"}],
+                "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}}}),
+            )),
+            pod(
+                json!({"securityContext": {"runAsNonRoot": true}, "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{"name": "etcd"}]}),
+            ),
             json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
                 "spec": {"ports": [{"port": 80}]}}),
         ];
@@ -185,7 +217,10 @@ mod tests {
     #[test]
     fn levels_read_as_written() {
         assert_eq!(PodSecurity::parse("baseline"), Ok(PodSecurity::Baseline));
-        assert_eq!(PodSecurity::parse("privileged"), Ok(PodSecurity::Privileged));
+        assert_eq!(
+            PodSecurity::parse("privileged"),
+            Ok(PodSecurity::Privileged)
+        );
         assert!(PodSecurity::parse("restricted").is_err());
     }
 }

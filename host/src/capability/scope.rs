@@ -61,7 +61,6 @@ impl PodSecurity {
     }
 }
 
-
 impl Grants {
     /// Everything a plugin asks for, from the capabilities it describes (for plugins the
     /// admin loads from a local file).

@@ -499,7 +499,7 @@ impl ConfigMapSource {
                     .await;
             }
             Err(error) => {
-                tracing::warn!(config_map, promoted, error = %crate::act::api_error_text(&error), "cannot annotate the superseded plugin ConfigMap; after a host restart both may claim the kind: delete it");
+                tracing::warn!(config_map, promoted, error = %crate::api_error::api_error_text(&error), "cannot annotate the superseded plugin ConfigMap; after a host restart both may claim the kind: delete it");
                 if let Some(known) = self.known.get_mut(config_map) {
                     known.policy = None;
                 }

@@ -429,7 +429,8 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
             exchange: options.grants.exchange_ports.clone(),
             chaos: options.grants.chaos,
             kinds: options.grants.kinds.clone(),
-            pod_security: (options.grants.pod_security != crate::capability::scope::PodSecurity::Baseline)
+            pod_security: (options.grants.pod_security
+                != crate::capability::scope::PodSecurity::Baseline)
                 .then(|| options.grants.pod_security.name().to_owned()),
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));

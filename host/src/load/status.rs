@@ -73,7 +73,7 @@ pub async fn publish(
                 Err(error) => tracing::warn!(
                     namespace = %namespace,
                     config_map = STATUS_CONFIG_MAP,
-                    error = %crate::act::api_error_text(&error),
+                    error = %crate::api_error::api_error_text(&error),
                     "cannot publish the loaded plugins; /plugins on the admin endpoint still lists them (the host needs create and patch on ConfigMaps in its namespace)"
                 ),
             }

@@ -17,7 +17,9 @@ const WAIT: Duration = Duration::from_secs(180);
 /// A manifest of `deploy/examples/classic/`, with the etcd version of this environment.
 fn manifest(file: &str, version: &str) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(
-        policy_host_e2e::repo_root().join("deploy/examples/classic").join(file),
+        policy_host_e2e::repo_root()
+            .join("deploy/examples/classic")
+            .join(file),
     )?;
     let mut cluster: Value = serde_yaml::from_str(&text)?;
     cluster["spec"]["version"] = Value::from(version);
@@ -38,10 +40,17 @@ async fn classic_manifests_are_honoured_or_refused_never_pruned() -> anyhow::Res
         let version = etcd_version(fixture.env, "3.6")?;
         for file in ["pod-policy.yaml", "static-tls.yaml"] {
             let cluster = manifest(file, &version)?;
-            let name = cluster["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            let name = cluster["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             fixture
                 .clusters
-                .patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cluster))
+                .patch(
+                    &name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&cluster),
+                )
                 .await?;
             // What the API server kept: every classic field, none pruned.
             let stored = serde_json::to_value(fixture.clusters.get(&name).await?)?;
@@ -58,7 +67,10 @@ async fn classic_manifests_are_honoured_or_refused_never_pruned() -> anyhow::Res
         let pods = fixture.live_pods().await.map_err(anyhow::Error::msg)?;
         for pod in &pods {
             let labels = pod.metadata.labels.clone().unwrap_or_default();
-            anyhow::ensure!(labels.get("team").map(String::as_str) == Some("storage"), "{labels:?}");
+            anyhow::ensure!(
+                labels.get("team").map(String::as_str) == Some("storage"),
+                "{labels:?}"
+            );
             let annotations = pod.metadata.annotations.clone().unwrap_or_default();
             anyhow::ensure!(
                 annotations.get("prometheus.io/scrape").map(String::as_str) == Some("true"),
@@ -71,15 +83,20 @@ async fn classic_manifests_are_honoured_or_refused_never_pruned() -> anyhow::Res
                 .and_then(|c| c.env.clone())
                 .unwrap_or_default();
             anyhow::ensure!(
-                env.iter().any(|e| e.name == "ETCD_AUTO_COMPACTION_RETENTION"),
+                env.iter()
+                    .any(|e| e.name == "ETCD_AUTO_COMPACTION_RETENTION"),
                 "{env:?}"
             );
         }
         let cluster = fixture.cluster().await.map_err(anyhow::Error::msg)?;
-        let ignored = condition(&cluster, "IgnoredFields").cloned().unwrap_or_default();
+        let ignored = condition(&cluster, "IgnoredFields")
+            .cloned()
+            .unwrap_or_default();
         let message = ignored["message"].as_str().unwrap_or_default();
         anyhow::ensure!(
-            ignored["status"] == "True" && message.contains("busyboxImage") && message.contains("DNSTimeoutInSecond"),
+            ignored["status"] == "True"
+                && message.contains("busyboxImage")
+                && message.contains("DNSTimeoutInSecond"),
             "{ignored}"
         );
 
@@ -107,7 +124,10 @@ async fn classic_manifests_are_honoured_or_refused_never_pruned() -> anyhow::Res
             .pods
             .list(&ListParams::default().labels("app.kubernetes.io/instance=classic-static-tls"))
             .await?;
-        anyhow::ensure!(tls_pods.items.is_empty(), "a refused cluster started members");
+        anyhow::ensure!(
+            tls_pods.items.is_empty(),
+            "a refused cluster started members"
+        );
         Ok(())
     }
     .await;

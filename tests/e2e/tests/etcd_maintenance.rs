@@ -44,7 +44,8 @@ async fn a_full_database_recovers_from_nospace_and_keeps_every_acknowledged_writ
                 }
             }
         }
-        let refused = refused.ok_or_else(|| anyhow::anyhow!("600 large writes never hit the quota"))?;
+        let refused =
+            refused.ok_or_else(|| anyhow::anyhow!("600 large writes never hit the quota"))?;
         anyhow::ensure!(refused.contains("space exceeded"), "{refused}");
 
         // Reported, with what to do, while recovery is not allowed.
@@ -67,23 +68,34 @@ async fn a_full_database_recovers_from_nospace_and_keeps_every_acknowledged_writ
 
         // Allowed: compacted, defragmented, disarmed; writes go through again.
         fixture
-            .patch_spec(json!({"maintenance": {"quotaBackendBytes": QUOTA, "recoverFromNoSpace": true}}))
+            .patch_spec(
+                json!({"maintenance": {"quotaBackendBytes": QUOTA, "recoverFromNoSpace": true}}),
+            )
             .await?;
-        eventually("writes accepted again", Duration::from_secs(120), || async {
-            let endpoints = fixture.endpoints().await?;
-            fixture
-                .etcdctl(&endpoints, &["put", "after-recovery", "ok"])
-                .await
-                .map(|_| ())
-        })
+        eventually(
+            "writes accepted again",
+            Duration::from_secs(120),
+            || async {
+                let endpoints = fixture.endpoints().await?;
+                fixture
+                    .etcdctl(&endpoints, &["put", "after-recovery", "ok"])
+                    .await
+                    .map(|_| ())
+            },
+        )
         .await?;
 
         // Every key holds the last value etcd acknowledged.
         let endpoints = fixture.endpoints().await.map_err(anyhow::Error::msg)?;
         for (n, acknowledged) in last.iter().enumerate() {
-            let Some(acknowledged) = acknowledged else { continue };
+            let Some(acknowledged) = acknowledged else {
+                continue;
+            };
             let held = fixture
-                .etcdctl(&endpoints, &["get", &format!("big-{n}"), "--print-value-only"])
+                .etcdctl(
+                    &endpoints,
+                    &["get", &format!("big-{n}"), "--print-value-only"],
+                )
                 .await
                 .map_err(anyhow::Error::msg)?;
             anyhow::ensure!(

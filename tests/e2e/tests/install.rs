@@ -3,14 +3,17 @@
 //! (the `docker build` line is replaced by the image made locally from `deploy/Dockerfile`).
 //! The host runs as a Pod from its image under its ServiceAccount, loads the etcd plugin from
 //! its ConfigMap, and the example cluster converges; its client Service answers through
-//! kube-proxy.
+//! kube-proxy. Then the leading host pod is killed (the other replica leads within 15 s) and
+//! the host is rolled out again with `kubectl rollout restart`: no write is lost and no
+//! membership change is made.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 use policy_host_e2e::etcd::{etcd_clusters, eventually};
 use policy_host_e2e::install::{kubectl, load_host_image, run_readme_install};
 use policy_host_testenv::shared_node;
@@ -140,11 +143,151 @@ async fn readme_install_runs_the_host_as_a_pod_and_the_example_cluster_converges
     assert_eq!(members.lines().count(), 3, "three members: {members}");
     let value = run(&["get", "installed", "--print-value-only"]).map_err(anyhow::Error::msg)?;
     assert_eq!(value.trim(), "as-the-readme-says");
+
+    // Leader handover (issue 13 item 4, issue 12 item 4): the leading host pod killed, the
+    // other replica leads within the Lease's bound; then `kubectl rollout restart` of the host.
+    // Neither may lose a write or change the membership (no member added, none removed).
+    let ids_before = member_ids(&run)?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let added_before = membership_events(&events).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "policy-host");
+    let leader = eventually("a leader holds the Lease", CONVERGE, || async {
+        holder(&leases)
+            .await
+            .ok_or_else(|| "no holder yet".to_owned())
+    })
+    .await?;
+    let killed = Instant::now();
+    host_pods
+        .delete(&leader, &DeleteParams::default().grace_period(0))
+        .await?;
+    let successor = eventually("another replica leads", Duration::from_secs(60), || async {
+        match holder(&leases).await {
+            Some(now) if now != leader => Ok(now),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await?;
+    let takeover = killed.elapsed();
+    eprintln!(
+        "figure: leading host pod {leader} killed -> {successor} leads in {:.1} s",
+        takeover.as_secs_f64()
+    );
+    assert!(
+        takeover < Duration::from_secs(15),
+        "takeover took {takeover:?}"
+    );
+    run(&["put", "after-handover", "kept"]).map_err(anyhow::Error::msg)?;
+
+    let restarted = Instant::now();
+    kubectl(
+        env,
+        &[
+            "-n",
+            "policy-host",
+            "rollout",
+            "restart",
+            "deployment/policy-host",
+        ],
+    )?;
+    kubectl(
+        env,
+        &[
+            "-n",
+            "policy-host",
+            "rollout",
+            "status",
+            "deployment/policy-host",
+            "--timeout=300s",
+        ],
+    )?;
+    eprintln!(
+        "figure: kubectl rollout restart of the host -> rolled out in {:.1} s",
+        restarted.elapsed().as_secs_f64()
+    );
+    eventually("a leader after the rollout", CONVERGE, || async {
+        let holder = holder(&leases)
+            .await
+            .ok_or_else(|| "no holder".to_owned())?;
+        let pod = host_pods
+            .get_opt(&holder)
+            .await
+            .map_err(|e| e.to_string())?;
+        pod.filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|_| ())
+            .ok_or_else(|| format!("holder {holder} is not a live pod"))
+    })
+    .await?;
+    // Nothing lost, nothing done twice: the same members, no membership Event since, both
+    // writes there, and the cluster still 3/3.
+    eventually("3/3 after the rollout", CONVERGE, || async {
+        let cluster = clusters
+            .get("example-etcd-cluster")
+            .await
+            .map_err(|e| e.to_string())?;
+        (cluster.data["status"]["ready"] == "3/3")
+            .then_some(())
+            .ok_or_else(|| format!("status {}", cluster.data["status"]))
+    })
+    .await?;
+    assert_eq!(member_ids(&run)?, ids_before, "the membership changed");
+    assert_eq!(
+        membership_events(&events).await,
+        added_before,
+        "a membership change was made"
+    );
+    for (key, want) in [
+        ("installed", "as-the-readme-says"),
+        ("after-handover", "kept"),
+    ] {
+        let value = run(&["get", key, "--print-value-only"]).map_err(anyhow::Error::msg)?;
+        assert_eq!(value.trim(), want, "{key}");
+    }
     Ok(())
 }
 
-/// Leader handover (issue 13, item 4): killing the leading host pod hands over, and
-/// `kubectl rollout restart` loses nothing and does nothing twice.
-#[tokio::test]
-#[ignore = "needs leader election and SIGTERM handling in the host (the lead's safety work); write it once that is merged"]
-async fn todo_leader_handover_and_rollout_restart_lose_nothing() {}
+/// The leading host pod's name: the Lease's holder identity is `<pod>-<pid>`.
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    let identity = leases
+        .get_opt("policy-host")
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity?;
+    identity.rsplit_once('-').map(|(pod, _)| pod.to_owned())
+}
+
+/// etcd's member IDs, sorted.
+fn member_ids(run: &impl Fn(&[&str]) -> Result<String, String>) -> anyhow::Result<Vec<String>> {
+    let text = run(&["member", "list", "-w", "json"]).map_err(anyhow::Error::msg)?;
+    let list: serde_json::Value = serde_json::from_str(&text)?;
+    let mut ids: Vec<String> = list["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m["ID"].to_string())
+        .collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// Membership Events (added, removed, promoted) on the example cluster, counted with repeats.
+async fn membership_events(events: &Api<k8s_openapi::api::events::v1::Event>) -> usize {
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("example-etcd-cluster")
+                && matches!(
+                    e.reason.as_deref(),
+                    Some("MemberAdded" | "MemberRemoved" | "MemberPromoted")
+                )
+        })
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count.max(1)) as usize)
+        .sum()
+}

@@ -34,7 +34,11 @@ async fn apply_pack(
     )?;
     cm.metadata.managed_fields = None;
     config_maps
-        .patch(PACK, &PatchParams::apply("plugin-grants-e2e").force(), &Patch::Apply(&cm))
+        .patch(
+            PACK,
+            &PatchParams::apply("plugin-grants-e2e").force(),
+            &Patch::Apply(&cm),
+        )
         .await?;
     Ok(())
 }
@@ -44,27 +48,35 @@ async fn apply_probe(api: &Api<DynamicObject>, name: &str, behaviour: &str) -> a
         "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
         "metadata": { "name": name }, "spec": { "behaviour": behaviour }
     });
-    api.patch(name, &PatchParams::apply("plugin-grants-e2e").force(), &Patch::Apply(&object))
-        .await?;
+    api.patch(
+        name,
+        &PatchParams::apply("plugin-grants-e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await?;
     Ok(())
 }
 
 /// The note of an `ActionRefused` Event on `probe` that contains `fragment`.
 async fn refusal(events: &Api<Event>, probe: &str, fragment: &str) -> anyhow::Result<String> {
-    Ok(wait_for(&format!("ActionRefused on {probe}: {fragment}"), WAIT, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some("ActionRefused")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(probe)
-            })
-            .filter_map(|e| e.note)
-            .find(|note| note.contains(fragment))
-    })
+    Ok(wait_for(
+        &format!("ActionRefused on {probe}: {fragment}"),
+        WAIT,
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("ActionRefused")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(probe)
+                })
+                .filter_map(|e| e.note)
+                .find(|note| note.contains(fragment))
+        },
+    )
     .await?)
 }
 
