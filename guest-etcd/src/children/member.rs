@@ -105,7 +105,9 @@ pub fn member_pod(cluster: &ClusterRef, spec: &ValidSpec, member: &MemberPod) ->
             {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
         ],
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "client"},
+            // A member under the NOSPACE alarm still serves reads and must stay reachable for
+            // the recovery: /health alone answers 503 for any alarm.
+            "httpGet": {"path": "/health?exclude=NOSPACE", "port": "client"},
             // Every second: a new member is Ready (and counted) within a second of answering,
             // rather than up to a period later; /health answers in milliseconds.
             "periodSeconds": 1,
