@@ -48,6 +48,7 @@ pub mod binaries;
 pub mod control_plane;
 pub mod images;
 pub mod install;
+pub mod network;
 pub mod node;
 pub mod pod_runner;
 mod process;
