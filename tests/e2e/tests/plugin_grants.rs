@@ -12,7 +12,9 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use policy_host::capability::scope::{Grants, PodSecurity};
 use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
+use policy_host_e2e::{
+    HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
+};
 use policy_host_testenv::{shared, wait_for};
 use serde_json::json;
 
@@ -24,7 +26,7 @@ async fn apply_pack(
     component: &[u8],
     grants: Grants,
 ) -> anyhow::Result<()> {
-    let mut cm = pack::to_config_map(
+    let cm = pack::to_config_map(
         component,
         &PackOptions {
             name: PACK.into(),
@@ -32,15 +34,7 @@ async fn apply_pack(
             ..Default::default()
         },
     )?;
-    cm.metadata.managed_fields = None;
-    config_maps
-        .patch(
-            PACK,
-            &PatchParams::apply("plugin-grants-e2e").force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
-    Ok(())
+    plugins::apply_pack(config_maps, cm, "plugin-grants-e2e").await
 }
 
 async fn apply_probe(api: &Api<DynamicObject>, name: &str, behaviour: &str) -> anyhow::Result<()> {
@@ -59,25 +53,11 @@ async fn apply_probe(api: &Api<DynamicObject>, name: &str, behaviour: &str) -> a
 
 /// The note of an `ActionRefused` Event on `probe` that contains `fragment`.
 async fn refusal(events: &Api<Event>, probe: &str, fragment: &str) -> anyhow::Result<String> {
-    Ok(wait_for(
-        &format!("ActionRefused on {probe}: {fragment}"),
-        WAIT,
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.reason.as_deref() == Some("ActionRefused")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(probe)
-                })
-                .filter_map(|e| e.note)
-                .find(|note| note.contains(fragment))
-        },
-    )
-    .await?)
+    let event = plugins::event_about(events, probe, "ActionRefused", |note| {
+        note.contains(fragment)
+    })
+    .await?;
+    Ok(event.note.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
+use policy_host_e2e::{
+    HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
+};
 use policy_host_testenv::{shared, wait_for};
 use serde_json::{Value, json};
 
@@ -52,16 +54,8 @@ fn raw_pack(bytes: &[u8]) -> ConfigMap {
 }
 
 /// Replaces the pack (a full replace, so keys of an earlier version do not linger).
-async fn apply_pack(config_maps: &Api<ConfigMap>, mut cm: ConfigMap) -> anyhow::Result<()> {
-    cm.metadata.managed_fields = None;
-    config_maps
-        .patch(
-            PACK,
-            &PatchParams::apply("plugin-loading-e2e").force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
-    Ok(())
+async fn apply_pack(config_maps: &Api<ConfigMap>, cm: ConfigMap) -> anyhow::Result<()> {
+    plugins::apply_pack(config_maps, cm, "plugin-loading-e2e").await
 }
 
 async fn apply_probe(api: &Api<DynamicObject>, name: &str, touch: &str) -> anyhow::Result<()> {
@@ -273,21 +267,7 @@ async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> 
 
 /// An Event with `reason` about the object called `name`.
 async fn event_about(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Result<Event> {
-    Ok(
-        wait_for(&format!("a {reason} Event about {name}"), WAIT, || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                        && e.reason.as_deref() == Some(reason)
-                })
-        })
-        .await?,
-    )
+    plugins::event_about(events, name, reason, |_| true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,9 @@ use policy_host::decide::Limits;
 use policy_host::load::pack::{self, GRANTS_KEY, PackOptions};
 use policy_host::load::trust::{SigningKey, TrustPolicy, TrustedKey};
 use policy_host::plugin_cli::keygen::keygen;
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
+use policy_host_e2e::{
+    HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
+};
 use policy_host_testenv::{shared, wait_for};
 use serde_json::json;
 
@@ -43,36 +45,14 @@ fn signed(component: &[u8], key: &SigningKey) -> anyhow::Result<ConfigMap> {
     Ok(cm)
 }
 
-async fn apply_pack(config_maps: &Api<ConfigMap>, mut cm: ConfigMap) -> anyhow::Result<()> {
-    cm.metadata.managed_fields = None;
-    config_maps
-        .patch(
-            PACK,
-            &PatchParams::apply("plugin-trust-e2e").force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
-    Ok(())
+async fn apply_pack(config_maps: &Api<ConfigMap>, cm: ConfigMap) -> anyhow::Result<()> {
+    plugins::apply_pack(config_maps, cm, "plugin-trust-e2e").await
 }
 
-/// The note of the newest Event about the pack with `reason`.
+/// The note of an Event about the pack with `reason`.
 async fn pack_event(events: &Api<Event>, reason: &str) -> anyhow::Result<String> {
-    Ok(
-        wait_for(&format!("a {reason} Event about {PACK}"), WAIT, || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(PACK)
-                        && e.reason.as_deref() == Some(reason)
-                })
-                .map(|e| e.note.unwrap_or_default())
-        })
-        .await?,
-    )
+    let event = plugins::event_about(events, PACK, reason, |_| true).await?;
+    Ok(event.note.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,103 @@
+//! The etcd plugin's create and scale on the real node (kubelet, containerd, CNI, CoreDNS),
+//! the host in-process: how long apply → 3/3 and scale 3 → 5 take where members are real Pods
+//! with real sandboxes, networks and DNS (issue 16's targets; BENCHMARKS.md records the
+//! figures this prints). Asserts the outcome, not the time.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use policy_host::decide::Limits;
+use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
+use policy_host_testenv::shared_node;
+use serde_json::{Value, json};
+
+const NAME: &str = "timed";
+const CONVERGE: Duration = Duration::from_secs(180);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()> {
+    init_logging();
+    let env = shared_node().await?;
+    let client = env.client().await?;
+    install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
+    let namespace = env.create_namespace("etcd-real-node").await?;
+    let version = env
+        .binaries()
+        .default_etcd_version()
+        .trim_start_matches('v')
+        .to_owned();
+    let etcdctl = env
+        .binaries()
+        .etcd_dir(env.binaries().default_etcd_version())
+        .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
+        .join("etcdctl");
+    let plugin =
+        policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let settings = policy_host::Settings {
+        policy_files: vec![plugin],
+        ..HostUnderTest::settings(&namespace, Limits::default())?
+    };
+    let host = HostUnderTest::start_with_client(client.clone(), settings).await?;
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let converged = |size: usize| {
+        let (clusters, pods, etcdctl) = (clusters.clone(), pods.clone(), etcdctl.clone());
+        async move {
+            let cluster = clusters.get(NAME).await.map_err(|e| e.to_string())?;
+            let status = &cluster.data["status"];
+            if status["ready"] != json!(format!("{size}/{size}")) || status["phase"] != "Running" {
+                return Err(format!("status {status}"));
+            }
+            let live = pods
+                .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let endpoints: Vec<String> = live
+                .iter()
+                .filter(|p| pod_ready(p))
+                .filter_map(pod_endpoint)
+                .collect();
+            if endpoints.len() != size {
+                return Err(format!("{} Ready pods", endpoints.len()));
+            }
+            let text = run_etcdctl(&etcdctl, &endpoints, &["member", "list", "-w", "json"]).await?;
+            let list: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            let members = list["members"].as_array().cloned().unwrap_or_default();
+            if members.len() != size || members.iter().any(|m| m["isLearner"] == true) {
+                return Err(format!("members {members:?}"));
+            }
+            Ok(())
+        }
+    };
+
+    let outcome = async {
+        let cluster = json!({
+            "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
+            "metadata": {"name": NAME}, "spec": {"size": 3, "version": version},
+        });
+        let applied = Instant::now();
+        clusters
+            .patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&cluster))
+            .await?;
+        eventually("3/3", CONVERGE, || converged(3)).await?;
+        let created = applied.elapsed();
+        let scaled_at = Instant::now();
+        clusters
+            .patch(NAME, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 5}})))
+            .await?;
+        eventually("5/5", CONVERGE, || converged(5)).await?;
+        println!(
+            "figure: real node, etcd {version}: apply -> 3/3 {:.1} s; scale 3 -> 5 right after {:.1} s",
+            created.as_secs_f64(),
+            scaled_at.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    outcome
+}
