@@ -1,7 +1,6 @@
 //! Nothing is stranded when a CRD goes (issue 12 item 6, the CRD case): a parent whose plugin
 //! was unloaded still carries the plugin's finalizer; deleting its CRD deletes the parent, the
-//! host releases the finalizer after its grace (a `FinalizerReleased` Warning), and the CRD is
-//! gone. In a test binary of its own: deleting the Probe CRD would pull it from under every
+//! host releases the finalizer after its grace, and the CRD is gone. In a test binary of its own: deleting the Probe CRD would pull it from under every
 //! other suite that shares this process's control plane.
 
 use std::time::Duration;
