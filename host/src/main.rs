@@ -151,6 +151,15 @@ enum Command {
         /// for hosts run with --trusted-key.
         #[arg(long, value_name = "PRIVATE_KEY_PEM")]
         sign: Option<PathBuf>,
+        /// Write a one-apply bundle: the CRDs given with --crd, a ClusterRole with the rules
+        /// the host needs on the plugin's kinds (aggregated into the host's role), then the
+        /// ConfigMap.
+        #[arg(long, requires = "crds")]
+        bundle: bool,
+        /// A CRD file for the bundle (the plugin crate's generated CRD); one must define the
+        /// plugin's target kind. Repeat for several.
+        #[arg(long = "crd", value_name = "CRD_YAML", requires = "bundle")]
+        crds: Vec<PathBuf>,
         #[command(flatten)]
         limits: PackLimitArgs,
     },
@@ -373,6 +382,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_pod_security,
             shadow,
             sign,
+            bundle: _,
+            crds,
             limits,
         } => {
             let request = plugin_cli::PackRequest {
@@ -392,6 +403,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 limits: limits.spec(),
                 shadow,
                 sign,
+                bundle_crds: crds,
             };
             print!(
                 "{}",

@@ -1,7 +1,9 @@
-//! deploy/rbac.yaml against what the host does and what the packed plugins declare: every
-//! packed plugin in `policies/` gets the rules its target and child kinds need, and nothing
-//! more (no kind no plugin declares, no verb the host never uses, no cluster-wide Secrets, no
-//! creating arbitrary ConfigMaps next to the plugin ConfigMaps).
+//! deploy/rbac.yaml and the bundles of `policies/` against what the host does and what the
+//! plugins declare: the host's own role names no plugin kind and aggregates the bundles'
+//! roles; every bundle's ClusterRole gives its plugin's target and child kinds the rules they
+//! need, and nothing more (no kind the plugin does not declare, no write to a kind outside its
+//! grants, no verb the host never uses, no cluster-wide Secrets, no creating arbitrary
+//! ConfigMaps next to the plugin ConfigMaps).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,6 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use policy_host::contract::KindRef;
 use policy_host::decide::{Limits, Sandbox};
 use policy_host::load::PluginLoader;
+use policy_host::load::bundle::AGGREGATE_LABEL;
 use policy_host::load::pack::{PackDefaults, PluginPack};
 use serde::Deserialize;
 
@@ -31,45 +34,68 @@ struct Rule {
     verbs: Vec<String>,
 }
 
-/// The role objects of deploy/rbac.yaml: (kind, name, rules).
-fn roles() -> Vec<(String, String, Vec<Rule>)> {
-    let text = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml")).expect("rbac.yaml");
+/// The YAML documents of a file.
+fn documents(path: &Path) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_yaml::Deserializer::from_str(&text)
         .map(|document| serde_yaml::Value::deserialize(document).expect("valid YAML"))
+        .collect()
+}
+
+/// The role objects among `objects`: (kind, name, labels, rules).
+fn roles_in(
+    objects: &[serde_yaml::Value],
+) -> Vec<(String, String, BTreeMap<String, String>, Vec<Rule>)> {
+    objects
+        .iter()
         .filter_map(|object| {
             let kind = object["kind"].as_str()?.to_string();
             if kind != "ClusterRole" && kind != "Role" {
                 return None;
             }
             let name = object["metadata"]["name"].as_str()?.to_string();
+            let labels: BTreeMap<String, String> =
+                serde_yaml::from_value(object["metadata"]["labels"].clone()).unwrap_or_default();
             let rules: Vec<Rule> =
-                serde_yaml::from_value(object["rules"].clone()).expect("rules parse");
-            Some((kind, name, rules))
+                serde_yaml::from_value(object["rules"].clone()).unwrap_or_default();
+            Some((kind, name, labels, rules))
         })
         .collect()
 }
 
-/// `group/resource` → verbs granted cluster-wide by the ClusterRole the host is bound to with
-/// a ClusterRoleBinding (`policy-host`).
+/// The role objects of deploy/rbac.yaml: (kind, name, rules).
+fn roles() -> Vec<(String, String, Vec<Rule>)> {
+    roles_in(&documents(&repo_root().join("deploy/rbac.yaml")))
+        .into_iter()
+        .map(|(kind, name, _, rules)| (kind, name, rules))
+        .collect()
+}
+
+/// `group/resource` → verbs, from ClusterRole rules meant for the cluster-wide role.
+fn add_rules(granted: &mut BTreeMap<String, BTreeSet<String>>, rules: &[Rule]) {
+    for rule in rules {
+        assert!(
+            rule.resource_names.is_empty(),
+            "the cluster-wide role names no objects: {rule:?}"
+        );
+        for group in &rule.api_groups {
+            for resource in &rule.resources {
+                granted
+                    .entry(format!("{group}/{resource}"))
+                    .or_default()
+                    .extend(rule.verbs.iter().cloned());
+            }
+        }
+    }
+}
+
+/// `group/resource` → verbs the host's own ClusterRoles in deploy/rbac.yaml aggregate into the
+/// ClusterRole `policy-host` (bound cluster-wide), plugins aside.
 fn cluster_wide() -> BTreeMap<String, BTreeSet<String>> {
     let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (kind, name, rules) in roles() {
-        if kind != "ClusterRole" || name != "policy-host" {
-            continue;
-        }
-        for rule in rules {
-            assert!(
-                rule.resource_names.is_empty(),
-                "the cluster-wide role names no objects: {rule:?}"
-            );
-            for group in &rule.api_groups {
-                for resource in &rule.resources {
-                    granted
-                        .entry(format!("{group}/{resource}"))
-                        .or_default()
-                        .extend(rule.verbs.iter().cloned());
-                }
-            }
+    for (kind, _, labels, rules) in roles_in(&documents(&repo_root().join("deploy/rbac.yaml"))) {
+        if kind == "ClusterRole" && labels.get(AGGREGATE_LABEL).is_some_and(|v| v == "true") {
+            add_rules(&mut granted, &rules);
         }
     }
     granted
@@ -79,14 +105,25 @@ fn verbs(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|v| v.to_string()).collect()
 }
 
-/// Every packed plugin's describe(), loaded the way the host loads a plugin ConfigMap.
-async fn packed_plugins() -> Vec<(String, KindRef, Vec<KindRef>)> {
+/// One bundle of policies/: its plugin (loaded the way the host loads the ConfigMap), what the
+/// plugin's grants let it write, and the bundle's other objects.
+struct Bundle {
+    file: PathBuf,
+    plugin: String,
+    target: KindRef,
+    children: Vec<KindRef>,
+    granted_kinds: Option<Vec<String>>,
+    objects: Vec<serde_yaml::Value>,
+}
+
+/// Every bundle in policies/, its plugin loaded the way the host loads a plugin ConfigMap.
+async fn bundles() -> Vec<Bundle> {
     let loader = PluginLoader::new(Sandbox::new().expect("sandbox"), None);
     let defaults = PackDefaults {
         limits: Limits::default(),
         concurrency: 1,
     };
-    let mut described = Vec::new();
+    let mut found = Vec::new();
     let mut paths: Vec<PathBuf> = std::fs::read_dir(repo_root().join("policies"))
         .expect("policies/")
         .map(|entry| entry.expect("entry").path())
@@ -94,8 +131,19 @@ async fn packed_plugins() -> Vec<(String, KindRef, Vec<KindRef>)> {
         .collect();
     paths.sort();
     for path in paths {
-        let text = std::fs::read_to_string(&path).expect("pack readable");
-        let config_map: ConfigMap = serde_yaml::from_str(&text).expect("a pack is a ConfigMap");
+        let objects = documents(&path);
+        let config_maps: Vec<&serde_yaml::Value> = objects
+            .iter()
+            .filter(|o| o["kind"].as_str() == Some("ConfigMap"))
+            .collect();
+        assert_eq!(
+            config_maps.len(),
+            1,
+            "{}: one plugin ConfigMap",
+            path.display()
+        );
+        let config_map: ConfigMap =
+            serde_yaml::from_value(config_maps[0].clone()).expect("a plugin ConfigMap");
         let pack = PluginPack::from_config_map(&config_map, &defaults).expect("pack decodes");
         let source = path.display().to_string();
         let (plugin, _) = loader
@@ -103,71 +151,147 @@ async fn packed_plugins() -> Vec<(String, KindRef, Vec<KindRef>)> {
             .await
             .expect("pack loads");
         let info = plugin.info().clone();
-        described.push((plugin.label().to_string(), info.target, info.children));
+        found.push(Bundle {
+            file: path,
+            plugin: plugin.label().to_string(),
+            target: info.target,
+            children: info.children,
+            granted_kinds: pack.grants.kinds.clone(),
+            objects,
+        });
     }
     assert!(
-        described.len() >= 2,
-        "policies/ holds the etcd and Redis packs"
+        found.len() >= 2,
+        "policies/ holds the etcd and Redis bundles"
     );
-    described
+    found
 }
 
 /// What the host does with a policy's target kind: watch and list it, patch its finalizers,
-/// and write its status (server-side apply on the status subresource).
+/// and write its status (server-side apply on the status subresource). Written out here, not
+/// taken from the host, so that a change to what bundles grant has to change this test too.
 const TARGET_VERBS: &[&str] = &["list", "watch", "patch"];
 const STATUS_VERBS: &[&str] = &["patch"];
-/// What the host does with child kinds: watch and list them (labelled), read one before the
-/// first apply (does it exist, and who controls it), create and patch (server-side apply,
-/// which creates), delete.
+/// What the host does with child kinds the plugin may write: watch and list them (labelled),
+/// read one before the first apply (does it exist, and who controls it), create and patch
+/// (server-side apply, which creates), delete.
 const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// A declared child kind outside the plugin's granted kinds: watched, never written.
+const WATCHED_VERBS: &[&str] = &["list", "watch"];
 /// Events about parents: kube's recorder creates an Event and patches its series.
 const EVENT_VERBS: &[&str] = &["create", "patch"];
 
-#[tokio::test]
-async fn every_packed_plugin_has_the_rules_it_needs_and_no_more() {
-    let granted = cluster_wide();
-    let mut needed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    needed.insert("events.k8s.io/events".into(), verbs(EVENT_VERBS));
-    let mut missing = Vec::new();
-    for (plugin, target, children) in packed_plugins().await {
-        let mut want = vec![
-            (format!("{}/{}", target.group, target.plural), TARGET_VERBS),
-            (
-                format!("{}/{}/status", target.group, target.plural),
-                STATUS_VERBS,
-            ),
-        ];
-        for child in &children {
-            want.push((format!("{}/{}", child.group, child.plural), CHILD_VERBS));
-        }
-        for (resource, wanted) in want {
-            let have = granted.get(&resource).cloned().unwrap_or_default();
-            let lacking: Vec<&&str> = wanted.iter().filter(|v| !have.contains(**v)).collect();
-            if !lacking.is_empty() {
-                missing.push(format!("{plugin}: {resource} lacks {lacking:?}"));
-            }
-            needed.entry(resource).or_default().extend(verbs(wanted));
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "deploy/rbac.yaml misses rules packed plugins need:\n{}",
-        missing.join("\n")
-    );
-    let extra: Vec<String> = granted
+/// deploy/rbac.yaml names no plugin's kind: the host's ClusterRole is aggregated from labelled
+/// roles, and the host's own labelled role grants Events and nothing else.
+#[test]
+fn the_host_role_is_aggregated_and_names_no_plugin_kind() {
+    let objects = documents(&repo_root().join("deploy/rbac.yaml"));
+    let host_role = objects
         .iter()
-        .filter_map(|(resource, have)| {
-            let need = needed.get(resource).cloned().unwrap_or_default();
-            let more: Vec<&String> = have.difference(&need).collect();
-            (!more.is_empty()).then(|| format!("{resource}: {more:?}"))
+        .find(|o| {
+            o["kind"].as_str() == Some("ClusterRole")
+                && o["metadata"]["name"].as_str() == Some("policy-host")
         })
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "the ClusterRole grants what neither the host nor any packed plugin uses (cluster-wide \
-         Secrets belong in per-namespace bindings):\n{}",
-        extra.join("\n")
+        .expect("the ClusterRole policy-host");
+    let selectors = &host_role["aggregationRule"]["clusterRoleSelectors"];
+    assert_eq!(
+        selectors[0]["matchLabels"][AGGREGATE_LABEL].as_str(),
+        Some("true"),
+        "the host's ClusterRole aggregates the labelled roles: {host_role:?}"
     );
+    assert!(
+        host_role["rules"]
+            .as_sequence()
+            .is_none_or(|rules| rules.is_empty()),
+        "the aggregated role's rules are the controller's to write: {host_role:?}"
+    );
+    let mut expected = BTreeMap::new();
+    expected.insert("events.k8s.io/events".to_owned(), verbs(EVENT_VERBS));
+    assert_eq!(
+        cluster_wide(),
+        expected,
+        "the host's own cluster-wide rights"
+    );
+}
+
+#[tokio::test]
+async fn every_bundle_grants_what_its_plugin_needs_and_no_more() {
+    for bundle in bundles().await {
+        let file = bundle.file.display();
+        let mut needed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let target = &bundle.target;
+        needed.insert(
+            format!("{}/{}", target.group, target.plural),
+            verbs(TARGET_VERBS),
+        );
+        needed.insert(
+            format!("{}/{}/status", target.group, target.plural),
+            verbs(STATUS_VERBS),
+        );
+        for child in &bundle.children {
+            let writable = bundle
+                .granted_kinds
+                .as_ref()
+                .is_none_or(|kinds| kinds.contains(&child.to_string()));
+            needed.insert(
+                format!("{}/{}", child.group, child.plural),
+                verbs(if writable { CHILD_VERBS } else { WATCHED_VERBS }),
+            );
+        }
+        let roles = roles_in(&bundle.objects);
+        assert_eq!(roles.len(), 1, "{file}: one ClusterRole");
+        let (kind, name, labels, rules) = &roles[0];
+        assert_eq!(kind, "ClusterRole", "{file}");
+        assert!(
+            labels.get(AGGREGATE_LABEL).is_some_and(|v| v == "true"),
+            "{file}: {name} is labelled for aggregation into the host's role"
+        );
+        let mut granted = BTreeMap::new();
+        add_rules(&mut granted, rules);
+        assert_eq!(
+            granted, needed,
+            "{file}: the ClusterRole of {} grants exactly what the host does with its kinds",
+            bundle.plugin
+        );
+        assert!(
+            !granted.contains_key("/secrets"),
+            "{file}: no bundle reads Secrets cluster-wide"
+        );
+    }
+}
+
+/// Each bundle carries its plugin's CRD exactly as the generator wrote it to deploy/crds/, and
+/// that CRD defines the plugin's target.
+#[tokio::test]
+async fn every_bundle_carries_its_generated_crd() {
+    let generated: Vec<serde_yaml::Value> = std::fs::read_dir(repo_root().join("deploy/crds"))
+        .expect("deploy/crds/")
+        .flat_map(|entry| documents(&entry.expect("entry").path()))
+        .collect();
+    for bundle in bundles().await {
+        let file = bundle.file.display();
+        let crds: Vec<&serde_yaml::Value> = bundle
+            .objects
+            .iter()
+            .filter(|o| o["kind"].as_str() == Some("CustomResourceDefinition"))
+            .collect();
+        let target = &bundle.target;
+        let name = format!("{}.{}", target.plural, target.group);
+        let crd = crds
+            .iter()
+            .find(|c| c["metadata"]["name"].as_str() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("{file}: no CRD {name} for {}", bundle.plugin));
+        assert!(
+            generated.iter().any(|g| g == *crd),
+            "{file}: the CRD {name} differs from deploy/crds/; run `cargo xtask crdgen` then `cargo xtask pack-policies`"
+        );
+        // The ConfigMap comes last, so the kind and the rights exist when the host loads it.
+        assert_eq!(
+            bundle.objects.last().and_then(|o| o["kind"].as_str()),
+            Some("ConfigMap"),
+            "{file}: the plugin ConfigMap is the last document"
+        );
+    }
 }
 
 /// The host's own namespace holds the plugin ConfigMaps (code it runs): it reads them, patches

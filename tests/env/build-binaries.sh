@@ -13,6 +13,7 @@
 # MinIO and mc (family s3) are plain modules without `replace` directives: `go install
 # mod@version` builds each into its own cache directory (cold: ~5 min each on 2 cores). They
 # are not part of `all`: only the S3 backup test needs them, and it builds them on demand.
+# Helm (family helm) is the same kind of module, built on demand by the chart test only.
 #
 # The node family is what a real Kubernetes node needs beside the control plane: kubelet,
 # kube-proxy and kube-scheduler (same wrapper module as kube-apiserver), containerd with its
@@ -21,7 +22,7 @@
 # backend). Cold on 2 cores with the kube build cache warm: about 8 minutes (BENCHMARKS.md).
 #
 # Usage: build-binaries.sh                          # kube, etcd, redis and node of versions.env
-#        build-binaries.sh kube|etcd|redis|node|s3  # one family
+#        build-binaries.sh kube|etcd|redis|node|s3|helm  # one family
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -176,6 +177,10 @@ install_go_program() {
   say "$name $version: done -> $out"
 }
 
+build_helm() {
+  install_go_program helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+}
+
 build_s3() {
   install_go_program minio github.com/minio/minio "$MINIO_VERSION"
   install_go_program mc github.com/minio/mc "$MC_VERSION"
@@ -274,6 +279,7 @@ case "$what" in
   redis) install_redis ;;
   node) build_node ;;
   s3) build_s3 ;;
+  helm) build_helm ;;
   all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube; build_node ;;
-  *) say "unknown target '$what': use kube, etcd, redis, node, s3 or all"; exit 2 ;;
+  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm or all"; exit 2 ;;
 esac

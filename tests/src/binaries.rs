@@ -25,6 +25,7 @@ pub struct Binaries {
     redis_series: String,
     minio_version: String,
     mc_version: String,
+    helm_version: String,
     containerd_version: String,
     runc_version: String,
     coredns_version: String,
@@ -39,6 +40,8 @@ static ENSURED: OnceLock<Result<Binaries, String>> = OnceLock::new();
 static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `node` build attempt of this process.
 static ENSURED_NODE: OnceLock<Result<(), String>> = OnceLock::new();
+/// The outcome of the one `helm` build attempt of this process.
+static ENSURED_HELM: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Where Debian's containernetworking-plugins installs the CNI plugins.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -74,22 +77,7 @@ impl Binaries {
     /// missing (at most once per process; cold, about 10 minutes on 2 cores). Blocking: from
     /// async code, call it through `tokio::task::spawn_blocking`.
     pub fn ensure_s3(&self) -> Result<()> {
-        ENSURED_S3
-            .get_or_init(|| {
-                let missing = self.s3_missing();
-                if missing.is_empty() {
-                    return Ok(());
-                }
-                run_build_script(Some("s3"), &missing).map_err(|e| e.to_string())?;
-                match self.s3_missing().first() {
-                    None => Ok(()),
-                    Some(missing) => Err(format!(
-                        "{missing} is still missing after tests/env/build-binaries.sh s3"
-                    )),
-                }
-            })
-            .clone()
-            .map_err(|reason| Error::Build { reason })
+        ensure_family(&ENSURED_S3, "s3", || self.s3_missing())
     }
 
     /// Makes sure the real node's programs are there, running `build-binaries.sh node` when
@@ -97,22 +85,25 @@ impl Binaries {
     /// kube build cache warm). Blocking: from async code, call it through
     /// `tokio::task::spawn_blocking`.
     pub fn ensure_node(&self) -> Result<()> {
-        ENSURED_NODE
-            .get_or_init(|| {
-                let missing = self.node_missing();
-                if missing.is_empty() {
-                    return Ok(());
-                }
-                run_build_script(Some("node"), &missing).map_err(|e| e.to_string())?;
-                match self.node_missing().first() {
-                    None => Ok(()),
-                    Some(missing) => Err(format!(
-                        "{missing} is still missing after tests/env/build-binaries.sh node"
-                    )),
-                }
-            })
-            .clone()
-            .map_err(|reason| Error::Build { reason })
+        ensure_family(&ENSURED_NODE, "node", || self.node_missing())
+    }
+
+    /// Makes sure `helm` is built, running `build-binaries.sh helm` when it is missing (at most
+    /// once per process; cold, about 4 minutes on 2 cores), and returns its path. Blocking:
+    /// from async code, call it through `tokio::task::spawn_blocking`.
+    pub fn ensure_helm(&self) -> Result<PathBuf> {
+        let helm = self
+            .cache_bin
+            .join(format!("helm-{}", self.helm_version))
+            .join("helm");
+        ensure_family(&ENSURED_HELM, "helm", || {
+            if helm.is_file() {
+                vec![]
+            } else {
+                vec![helm.display().to_string()]
+            }
+        })?;
+        Ok(helm)
     }
 
     fn node_missing(&self) -> Vec<String> {
@@ -272,6 +263,7 @@ impl Binaries {
         let redis_series = var("REDIS_SERIES")?;
         let minio_version = var("MINIO_VERSION")?;
         let mc_version = var("MC_VERSION")?;
+        let helm_version = var("HELM_VERSION")?;
         let containerd_version = var("CONTAINERD_VERSION")?;
         let runc_version = var("RUNC_VERSION")?;
         let coredns_version = var("COREDNS_VERSION")?;
@@ -292,6 +284,7 @@ impl Binaries {
             redis_series,
             minio_version,
             mc_version,
+            helm_version,
             containerd_version,
             runc_version,
             coredns_version,
@@ -451,4 +444,28 @@ fn run_build_script(family: Option<&str>, missing: &[String]) -> Result<()> {
 fn env_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("env"))
+}
+
+/// Builds one on-demand family with `build-binaries.sh <family>` when `missing` names a
+/// program, at most once per process (`once` keeps the outcome), and checks it is there after.
+fn ensure_family(
+    once: &OnceLock<Result<(), String>>,
+    family: &str,
+    missing: impl Fn() -> Vec<String>,
+) -> Result<()> {
+    once.get_or_init(|| {
+        let before = missing();
+        if before.is_empty() {
+            return Ok(());
+        }
+        run_build_script(Some(family), &before).map_err(|e| e.to_string())?;
+        match missing().first() {
+            None => Ok(()),
+            Some(still) => Err(format!(
+                "{still} is still missing after tests/env/build-binaries.sh {family}"
+            )),
+        }
+    })
+    .clone()
+    .map_err(|reason| Error::Build { reason })
 }

@@ -103,7 +103,7 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
         .etcd_dir(binaries.default_etcd_version())
         .unwrap_or_default();
     println!(
-        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc -A\n  kubectl -n policy-host logs deploy/policy-host\n  etcdctl --endpoints http://$(kubectl get svc {name}-client -o jsonpath='{{.spec.clusterIP}}'):2379 member list -w table\n  kubectl -n policy-host apply --server-side -f my-plugin.yaml   # a plugin ConfigMap (policy-host pack) loads in the host's namespace\n\nLogs: control plane {}/control-plane/logs, node {}/node/logs\nPress Ctrl-C to tear everything down.\n",
+        "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc -A\n  kubectl -n policy-host logs deploy/policy-host\n  etcdctl --endpoints http://$(kubectl get svc {name}-client -o jsonpath='{{.spec.clusterIP}}'):2379 member list -w table\n  kubectl -n policy-host apply --server-side -f my-app.yaml   # a plugin bundle (policy-host pack --bundle) loads in the host's namespace\n\nLogs: control plane {}/control-plane/logs, node {}/node/logs\nPress Ctrl-C to tear everything down.\n",
         control_plane.kubeconfig_path().display(),
         kube_dir.display(),
         etcd_dir.display(),

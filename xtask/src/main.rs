@@ -5,8 +5,8 @@
 //! - `test`: `setup`, then every test in the workspace, end-to-end suites included;
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied;
 //! - `crdgen`: writes `deploy/crds/` from the plugins' Rust types;
-//! - `pack-policies`: builds the etcd and redis plugins and writes their ConfigMap packs to
-//!   `policies/`;
+//! - `pack-policies`: builds the etcd and redis plugins and writes their bundles (CRD,
+//!   ClusterRole, ConfigMap) to `policies/`;
 //! - `demo`: a local control plane, the host with the etcd plugin, an `EtcdCluster` converging.
 
 mod demo;
@@ -43,7 +43,7 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
-    /// Build the etcd and redis plugins and write their ConfigMap packs to policies/ (`policy-host pack`).
+    /// Build the etcd and redis plugins and write their bundles (CRD, ClusterRole, ConfigMap) to policies/ (`policy-host pack --bundle`).
     PackPolicies {
         /// Fail if the file on disk differs from the generated one instead of writing it.
         #[arg(long)]
@@ -190,10 +190,12 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Packs the plugins with the host's own `pack` command, so each file in `policies/` is
-/// exactly what an admin gets from the CLI: namespace `policy-host`, host default limits, and
-/// the grant each asks for: etcd app-calls to the `client` port of its own pods (the etcd
-/// gateway), redis exchanges with the `redis` port of its own pods.
+/// Bundles the plugins with the host's own `pack --bundle` command, so each file in
+/// `policies/` is exactly what an admin gets from the CLI: the plugin's generated CRD (from
+/// `deploy/crds/`, so run `crdgen` first), the ClusterRole its kinds need, and the ConfigMap
+/// in namespace `policy-host` with host default limits and the grant each asks for: etcd
+/// app-calls to the `client` port of its own pods (the etcd gateway), redis exchanges with the
+/// `redis` port of its own pods.
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
     let plugins = [
         (
@@ -201,6 +203,7 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
             "plugin-etcd",
             "--grant",
             "client",
+            "deploy/crds/etcdcluster.yaml",
             "policies/etcd.yaml",
         ),
         (
@@ -208,10 +211,11 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
             "plugin-redis",
             "--grant-exchange",
             "redis",
+            "deploy/crds/redisreplication.yaml",
             "policies/redis.yaml",
         ),
     ];
-    for (package, config_map, grant_flag, port, file) in plugins {
+    for (package, config_map, grant_flag, port, crd, file) in plugins {
         step(&format!("build {package} (wasm32-wasip2, plugin profile)"));
         let wasm = policy_host_test_plugins::build(package).map_err(|e| anyhow::anyhow!("{e}"))?;
         step("policy-host pack");
@@ -225,7 +229,10 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
                 "policy-host",
                 grant_flag,
                 port,
+                "--bundle",
+                "--crd",
             ])
+            .arg(root.join(crd))
             .output()
             .context("cannot run `cargo run -p policy-host -- pack`")?;
         if !output.status.success() {

@@ -15,6 +15,7 @@
 //! `--policy` use [`load_file`]. [`status`] publishes what is loaded back into a ConfigMap.
 
 pub mod artifact_cache;
+pub mod bundle;
 pub mod config_maps;
 pub mod pack;
 pub mod status;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::capability::scope::{Grants, capability_text};
 use crate::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Plugin, Sandbox};
+use crate::load::bundle;
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
 use crate::load::trust::{SigningKey, TrustError};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
@@ -29,6 +30,9 @@ pub enum CliError {
     /// A signing key could not be used.
     #[error(transparent)]
     Trust(#[from] TrustError),
+    /// The bundle's CRDs do not fit the plugin.
+    #[error(transparent)]
+    Bundle(#[from] bundle::BundleError),
     /// The limits given are out of range.
     #[error("{0}")]
     Limits(String),
@@ -119,6 +123,9 @@ pub struct PackRequest {
     pub shadow: bool,
     /// Sign the pack with this ed25519 private key (PEM, PKCS#8).
     pub sign: Option<PathBuf>,
+    /// Write a bundle with these CRD files (one must define the plugin's target) and the
+    /// plugin's ClusterRole before the ConfigMap; empty: the ConfigMap alone.
+    pub bundle_crds: Vec<PathBuf>,
 }
 
 /// Validates the plugin as the host would, then writes its pack ConfigMap as YAML.
@@ -149,12 +156,14 @@ pub async fn pack(
             Mode::Active
         },
     };
-    // Read the key before the work is done: a wrong path fails fast.
+    // Read the key and the CRDs before the work is done: a wrong path fails fast.
     let signer = request
         .sign
         .as_deref()
         .map(SigningKey::from_pem_file)
         .transpose()?;
+    let crds = read_crds(&request.bundle_crds)?;
+    bundle::check_crds(plugin.info(), &crds)?;
     let mut config_map =
         pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
     if let Some(signer) = &signer {
@@ -168,13 +177,34 @@ pub async fn pack(
         || "unsigned".to_owned(),
         |s| format!("signed by key {}", s.id()),
     );
+    let yaml = serde_yaml::to_string(&config_map).map_err(|e| CliError::Write(e.to_string()))?;
+    if request.bundle_crds.is_empty() {
+        let header = format!(
+            "# {} packed by `policy-host pack` (sha256 {}, {signed}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+            plugin.label(),
+            plugin.content_sha256()
+        );
+        return Ok(format!("{header}{yaml}"));
+    }
     let header = format!(
-        "# {} packed by `policy-host pack` (sha256 {}, {signed}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+        "# {} bundled by `policy-host pack --bundle` (sha256 {}, {signed}): its CRD, the\n# ClusterRole the host needs on its kinds (aggregated into `policy-host`) and the plugin\n# ConfigMap. Load it with `kubectl apply --server-side -f` of this file.\n",
         plugin.label(),
         plugin.content_sha256()
     );
-    let yaml = serde_yaml::to_string(&config_map).map_err(|e| CliError::Write(e.to_string()))?;
-    Ok(format!("{header}{yaml}"))
+    let role = bundle::plugin_cluster_role(
+        &options.name,
+        plugin.info(),
+        options.grants.kinds.as_deref(),
+    );
+    bundle::render(&header, &crds, &role, &yaml).map_err(|e| CliError::Write(e.to_string()))
+}
+
+/// Reads the CRD files of a bundle.
+fn read_crds(paths: &[PathBuf]) -> Result<Vec<bundle::CrdDocument>, CliError> {
+    Ok(paths
+        .iter()
+        .map(|path| bundle::CrdDocument::read(path))
+        .collect::<Result<_, _>>()?)
 }
 
 /// The defaults `validate` and `pack` check limits against: the host's own defaults.
