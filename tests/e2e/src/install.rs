@@ -16,29 +16,23 @@ use crate::repo_root;
 /// the same path in the image: a release build of the host's dependencies would cost a cold
 /// compile of its own (wasmtime, Cranelift, kube) on every machine that runs the tests.
 ///
-/// It is built the way `cargo test --workspace` (the README's test command) builds it for the
-/// host's own integration tests, which need the binary: same packages selected, same features,
-/// so under `cargo xtask test` this finds the binary already built and returns at once. (A
-/// `cargo build -p policy-host` resolves features for that package alone and recompiles much
-/// of its dependency tree: 13 minutes on a cold 2-core machine, BENCHMARKS.md.)
+/// It is built by the README's test command itself, `cargo test --workspace` (`--no-run`):
+/// the host's integration tests need the binary, so that build makes it, and under
+/// `cargo xtask test` this finds it built and returns at once. Any narrower command resolves
+/// other features and recompiles part of the dependency tree: `cargo build -p policy-host`
+/// took 13 minutes on a cold 2-core machine (BENCHMARKS.md), and even a target filter
+/// (`--test rbac`) leaves the end-to-end crate's dev-dependencies out and rebuilds rustls and
+/// ring.
 pub fn host_binary() -> anyhow::Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let target = target_dir();
-            let command = "cargo test --workspace --no-run --test rbac";
+            let command = "cargo test --workspace --no-run";
             let status = Command::new(&cargo)
                 .current_dir(repo_root())
-                .args([
-                    "test",
-                    "--quiet",
-                    "--workspace",
-                    "--no-run",
-                    // One small integration test of the host: building it builds the binary.
-                    "--test",
-                    "rbac",
-                ])
+                .args(["test", "--quiet", "--workspace", "--no-run"])
                 .arg("--target-dir")
                 .arg(&target)
                 .status()
