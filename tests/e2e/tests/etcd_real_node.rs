@@ -1,12 +1,13 @@
-//! The etcd plugin's create and scale on the real node (kubelet, containerd, CNI, CoreDNS),
-//! the host in-process: how long apply → 3/3 and scale 3 → 5 take where members are real Pods
+//! The etcd plugin's create, scale, replace and upgrade on the real node (kubelet,
+//! containerd, CNI, CoreDNS), the host in-process: how long each takes where members are real Pods
 //! with real sandboxes, networks and DNS (issue 16's targets; BENCHMARKS.md records the
 //! figures this prints). Asserts the outcome, not the time.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
@@ -14,6 +15,7 @@ use policy_host_testenv::shared_node;
 use serde_json::{Value, json};
 
 const NAME: &str = "timed";
+const MOVING: &str = "moving";
 const CONVERGE: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,37 +45,8 @@ async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()>
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let converged = |size: usize| {
-        let (clusters, pods, etcdctl) = (clusters.clone(), pods.clone(), etcdctl.clone());
-        async move {
-            let cluster = clusters.get(NAME).await.map_err(|e| e.to_string())?;
-            let status = &cluster.data["status"];
-            if status["ready"] != json!(format!("{size}/{size}")) || status["phase"] != "Running" {
-                return Err(format!("status {status}"));
-            }
-            let live = pods
-                .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
-                .await
-                .map_err(|e| e.to_string())?
-                .items;
-            let endpoints: Vec<String> = live
-                .iter()
-                .filter(|p| pod_ready(p))
-                .filter_map(pod_endpoint)
-                .collect();
-            if endpoints.len() != size {
-                return Err(format!("{} Ready pods", endpoints.len()));
-            }
-            let text = run_etcdctl(&etcdctl, &endpoints, &["member", "list", "-w", "json"]).await?;
-            let list: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            let members = list["members"].as_array().cloned().unwrap_or_default();
-            if members.len() != size || members.iter().any(|m| m["isLearner"] == true) {
-                return Err(format!("members {members:?}"));
-            }
-            Ok(())
-        }
-    };
-
+    let converged =
+        |size: usize| cluster_converged(&clusters, &pods, &etcdctl, NAME, size, &version);
     let outcome = async {
         let cluster = json!({
             "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
@@ -125,6 +98,173 @@ async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()>
             scaled_right_after.as_secs_f64(),
             shrunk.as_secs_f64(),
             steady_at.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    outcome
+}
+
+/// The EtcdCluster `name` is `size/size` Running at `version`, as many live pods are Ready
+/// (all of them running `version`), and etcd's own member list has exactly `size` voters.
+async fn cluster_converged(
+    clusters: &Api<DynamicObject>,
+    pods: &Api<Pod>,
+    etcdctl: &Path,
+    name: &str,
+    size: usize,
+    version: &str,
+) -> Result<(), String> {
+    let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
+    let status = &cluster.data["status"];
+    if status["ready"] != json!(format!("{size}/{size}"))
+        || status["phase"] != "Running"
+        || status["currentVersion"] != json!(version)
+    {
+        return Err(format!("status {status}"));
+    }
+    let live = member_pods(pods, name).await?;
+    if live.iter().any(|p| {
+        !p.spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.as_deref())
+            .and_then(|image| image.rsplit_once(':'))
+            .is_some_and(|(_, tag)| tag.trim_start_matches('v') == version)
+    }) {
+        return Err(format!("a member pod does not run etcd {version} yet"));
+    }
+    let endpoints: Vec<String> = live
+        .iter()
+        .filter(|p| pod_ready(p))
+        .filter_map(pod_endpoint)
+        .collect();
+    if endpoints.len() != size {
+        return Err(format!("{} Ready pods", endpoints.len()));
+    }
+    let text = run_etcdctl(etcdctl, &endpoints, &["member", "list", "-w", "json"]).await?;
+    let list: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let members = list["members"].as_array().cloned().unwrap_or_default();
+    if members.len() != size || members.iter().any(|m| m["isLearner"] == true) {
+        return Err(format!("members {members:?}"));
+    }
+    Ok(())
+}
+
+/// The live (not terminating) member pods of the cluster `name`.
+async fn member_pods(pods: &Api<Pod>, name: &str) -> Result<Vec<Pod>, String> {
+    Ok(pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// The two other convergence scenarios of BENCHMARKS.md on the real node: a member's Pod
+/// deleted for good (its data with it) and replaced by a fresh member, and a rolling upgrade
+/// of the three members from the older etcd to the newer. Asserts the outcome; prints the
+/// times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_a_lost_member_and_upgrade_on_the_real_node() -> anyhow::Result<()> {
+    init_logging();
+    let env = shared_node().await?;
+    let client = env.client().await?;
+    install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
+    let namespace = env.create_namespace("etcd-real-node-moves").await?;
+    let versions = env.binaries().etcd_versions();
+    anyhow::ensure!(
+        versions.len() >= 2,
+        "versions.env names two etcd versions, the newer first"
+    );
+    let (newer, older) = (
+        versions[0].trim_start_matches('v').to_owned(),
+        versions[1].trim_start_matches('v').to_owned(),
+    );
+    // One etcdctl reads both versions' member lists.
+    let etcdctl = env
+        .binaries()
+        .etcd_dir(&versions[0])
+        .ok_or_else(|| anyhow::anyhow!("etcd {newer} is not built"))?
+        .join("etcdctl");
+    let plugin =
+        policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let settings = policy_host::Settings {
+        policy_files: vec![plugin],
+        ..HostUnderTest::settings(&namespace, Limits::default())?
+    };
+    let host = HostUnderTest::start_with_client(client.clone(), settings).await?;
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+
+    let outcome = async {
+        let cluster = json!({
+            "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
+            "metadata": {"name": MOVING}, "spec": {"size": 3, "version": older},
+        });
+        clusters
+            .patch(MOVING, &PatchParams::apply("e2e").force(), &Patch::Apply(&cluster))
+            .await?;
+        eventually("3/3 on the older etcd", CONVERGE, || {
+            cluster_converged(&clusters, &pods, &etcdctl, MOVING, 3, &older)
+        })
+        .await?;
+
+        // A member lost for good: its Pod deleted at once, its emptyDir data gone with it.
+        let victim = member_pods(&pods, MOVING)
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no member pod"))?;
+        let victim_uid = victim.metadata.uid.clone().unwrap_or_default();
+        let lost_at = Instant::now();
+        pods.delete(
+            victim.metadata.name.as_deref().unwrap_or_default(),
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await?;
+        eventually("3/3 with a fresh member", CONVERGE, || {
+            let (clusters, pods, etcdctl, older, victim_uid) =
+                (&clusters, &pods, &etcdctl, &older, &victim_uid);
+            async move {
+                cluster_converged(clusters, pods, etcdctl, MOVING, 3, older).await?;
+                let live = member_pods(pods, MOVING).await?;
+                if live
+                    .iter()
+                    .any(|p| p.metadata.uid.as_deref() == Some(victim_uid.as_str()))
+                {
+                    return Err("the lost member's pod is still listed".to_owned());
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        let replaced = lost_at.elapsed();
+
+        let upgraded_at = Instant::now();
+        clusters
+            .patch(
+                MOVING,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"version": newer}})),
+            )
+            .await?;
+        eventually("3/3 on the newer etcd", CONVERGE, || {
+            cluster_converged(&clusters, &pods, &etcdctl, MOVING, 3, &newer)
+        })
+        .await?;
+        println!(
+            "figure: real node: replace 1 lost member {:.1} s; rolling upgrade of 3 members {older} -> {newer} {:.1} s",
+            replaced.as_secs_f64(),
+            upgraded_at.elapsed().as_secs_f64()
         );
         Ok(())
     }
