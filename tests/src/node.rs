@@ -630,7 +630,7 @@ fn teardown_script() -> PathBuf {
 }
 
 /// Runs `ctr` (at `program`) against the containerd at `socket`, in the kubelet's namespace.
-fn ctr(program: &Path, socket: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn ctr(program: &Path, socket: &Path, args: &[&str]) -> Result<String> {
     let output = Command::new(program)
         .arg("--address")
         .arg(socket)

@@ -383,4 +383,20 @@ impl NodeEnv {
         let archive = image.write_archive(&self.images_dir)?;
         crate::node::import_image(&self.binaries.ctr(), &self.containerd_socket, &archive)
     }
+
+    /// Kills a container on this node with SIGKILL through its containerd (`ctr tasks kill`),
+    /// the way a crash or the OOM killer ends it: the kubelet sees it exit and applies the
+    /// pod's restart policy. `container_id` is a pod status's `containerID`
+    /// (`containerd://<id>`, or the bare id).
+    pub fn kill_container(&self, container_id: &str) -> Result<()> {
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        crate::node::ctr(
+            &self.binaries.ctr(),
+            &self.containerd_socket,
+            &["tasks", "kill", "--signal", "SIGKILL", id],
+        )
+        .map(drop)
+    }
 }

@@ -1,14 +1,20 @@
-//! A network partition on the real node (issue 13 item 6): one member of a 3-member
-//! EtcdCluster loses its network (its pod's `eth0` down, inside its network namespace) while a
-//! client writes. The other two keep the quorum and keep acknowledging writes; the host sees
-//! the member NotReady and does not replace it (a partition is not a failed pod); after the
-//! network heals the member catches up, the membership is the one from before, and every
-//! acknowledged write is there.
+//! Faults of one member on the real node, while a client writes (issue 13 items 3 and 6):
+//!
+//! - **a network partition**: the member's pod loses its network (its `eth0` down, inside its
+//!   network namespace). The other two keep the quorum and keep acknowledging writes; the host
+//!   sees the member NotReady and does not replace it (a partition is not a failed pod); after
+//!   the network heals the member catches up and the membership is the one from before;
+//! - **a killed process**: the member's container is SIGKILLed through containerd, as a crash
+//!   or the OOM killer would end it. The kubelet restarts it in place (same pod, same data), it
+//!   rejoins as the same member, and the host replaces nothing.
+//!
+//! Either way every acknowledged write is there, read from the member that was hurt.
 //!
 //! Runs policy-host in-process against the real node's control plane, with the etcd plugin;
 //! the members are real Pods on containerd.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,8 +25,9 @@ use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
 use policy_host_testenv::network::cut_pod_network;
-use policy_host_testenv::shared_node;
+use policy_host_testenv::{NodeEnv, shared_node};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 const NAME: &str = "split";
 const CONVERGE: Duration = Duration::from_secs(180);
@@ -36,101 +43,147 @@ fn reconciles(host: &HostUnderTest) -> u64 {
         .sum::<f64>() as u64
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost()
--> anyhow::Result<()> {
-    init_logging();
-    let env = shared_node().await?;
-    let client = env.client().await?;
-    install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
-    let namespace = env.create_namespace("etcd-partition").await?;
-    let version = env
-        .binaries()
-        .default_etcd_version()
-        .trim_start_matches('v')
-        .to_owned();
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(env.binaries().default_etcd_version())
-        .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
-        .join("etcdctl");
-    let plugin =
-        policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let settings = policy_host::Settings {
-        policy_files: vec![plugin],
-        ..HostUnderTest::settings(&namespace, Limits::default())?
-    };
-    let host = HostUnderTest::start_with_client(client.clone(), settings).await?;
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let members = || async {
-        pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+/// A 3-member EtcdCluster `NAME` on the real node, reconciled by an in-process host.
+struct Cluster {
+    env: &'static NodeEnv,
+    host: HostUnderTest,
+    namespace: String,
+    clusters: Api<DynamicObject>,
+    pods: Api<Pod>,
+    etcdctl: PathBuf,
+}
+
+impl Cluster {
+    /// Starts the host in a fresh namespace and waits until the cluster is 3/3.
+    async fn of_three(prefix: &str) -> anyhow::Result<Cluster> {
+        let env = shared_node().await?;
+        let client = env.client().await?;
+        install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
+        let namespace = env.create_namespace(prefix).await?;
+        let version = env
+            .binaries()
+            .default_etcd_version()
+            .trim_start_matches('v')
+            .to_owned();
+        let etcdctl = env
+            .binaries()
+            .etcd_dir(env.binaries().default_etcd_version())
+            .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
+            .join("etcdctl");
+        let plugin =
+            policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
+        let settings = policy_host::Settings {
+            policy_files: vec![plugin],
+            ..HostUnderTest::settings(&namespace, Limits::default())?
+        };
+        let host = HostUnderTest::start_with_client(client.clone(), settings).await?;
+        let cluster = Cluster {
+            env,
+            host,
+            clusters: Api::namespaced_with(client.clone(), &namespace, &etcd_clusters()),
+            pods: Api::namespaced(client, &namespace),
+            namespace,
+            etcdctl,
+        };
+        let manifest = json!({
+            "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
+            "metadata": {"name": NAME}, "spec": {"size": 3, "version": version},
+        });
+        cluster
+            .clusters
+            .patch(
+                NAME,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&manifest),
+            )
+            .await?;
+        cluster.ready("3/3 on the real node", 3).await?;
+        Ok(cluster)
+    }
+
+    async fn members(&self) -> Result<Vec<Pod>, String> {
+        self.pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
             .await
             .map(|l| l.items)
             .map_err(|e| e.to_string())
-    };
-    let member_ids = || async {
-        let endpoints: Vec<String> = members()
+    }
+
+    /// The member `NAME-<n>`'s pod.
+    async fn member(&self, n: u32) -> anyhow::Result<Pod> {
+        let name = format!("{NAME}-{n}");
+        self.members()
+            .await
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            .ok_or_else(|| anyhow::anyhow!("no pod {name}"))
+    }
+
+    /// etcd's own member IDs, asked of the Ready members.
+    async fn member_ids(&self) -> Result<BTreeSet<String>, String> {
+        let endpoints: Vec<String> = self
+            .members()
             .await?
             .iter()
             .filter(|p| pod_ready(p))
             .filter_map(pod_endpoint)
             .collect();
-        let text = run_etcdctl(&etcdctl, &endpoints, &["member", "list", "-w", "json"]).await?;
+        let text =
+            run_etcdctl(&self.etcdctl, &endpoints, &["member", "list", "-w", "json"]).await?;
         let list: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        Ok::<BTreeSet<String>, String>(
-            list["members"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| m["ID"].to_string())
-                .collect(),
-        )
-    };
-    let status = || async {
-        clusters
+        Ok(list["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["ID"].to_string())
+            .collect())
+    }
+
+    async fn status(&self) -> Result<Value, String> {
+        self.clusters
             .get(NAME)
             .await
             .map(|c| c.data["status"].clone())
             .map_err(|e| e.to_string())
-    };
+    }
 
-    let outcome = async {
-        let cluster = json!({
-            "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
-            "metadata": {"name": NAME}, "spec": {"size": 3, "version": version},
-        });
-        clusters
-            .patch(
-                NAME,
-                &PatchParams::apply("e2e").force(),
-                &Patch::Apply(&cluster),
-            )
-            .await?;
-        eventually("3/3 on the real node", CONVERGE, || async {
-            let status = status().await?;
-            let ready = members().await?.iter().filter(|p| pod_ready(p)).count();
-            if status["ready"] == "3/3" && status["phase"] == "Running" && ready == 3 {
+    /// Waits until the status says `ready`/3 (all Ready: and phase Running) and as many pods
+    /// are Ready.
+    async fn ready(&self, what: &str, ready: usize) -> anyhow::Result<()> {
+        eventually(what, CONVERGE, || async {
+            let status = self.status().await?;
+            let pods = self
+                .members()
+                .await?
+                .iter()
+                .filter(|p| pod_ready(p))
+                .count();
+            if status["ready"] == json!(format!("{ready}/3"))
+                && (ready < 3 || status["phase"] == "Running")
+                && pods == ready
+            {
                 Ok(())
             } else {
-                Err(format!("status {status}, {ready} pods Ready"))
+                Err(format!("status {status}, {pods} pods Ready"))
             }
         })
-        .await?;
-        let ids = member_ids().await.map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(ids.len() == 3, "{ids:?}");
+        .await
+    }
 
-        // The writer: one key at a time through every member, each acknowledged key kept.
+    /// The writer: one key at a time through every member, each acknowledged key kept, until
+    /// the flag is set.
+    async fn start_writer(&self) -> anyhow::Result<(Arc<AtomicBool>, JoinHandle<Vec<String>>)> {
         let stop = Arc::new(AtomicBool::new(false));
-        let endpoints: Vec<String> = members()
+        let endpoints: Vec<String> = self
+            .members()
             .await
             .map_err(anyhow::Error::msg)?
             .iter()
             .filter_map(pod_endpoint)
             .collect();
         let writer = tokio::spawn({
-            let (stop, etcdctl, endpoints) = (stop.clone(), etcdctl.clone(), endpoints.clone());
+            let (stop, etcdctl) = (stop.clone(), self.etcdctl.clone());
             async move {
                 let mut acknowledged = Vec::new();
                 let mut n = 0u32;
@@ -143,95 +196,43 @@ async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost(
                         acknowledged.push(key);
                     }
                     n += 1;
+                    // The write rate, not a wait for anything.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 acknowledged
             }
         });
+        Ok((stop, writer))
+    }
 
-        // Cut member 2 off.
-        let victim = members()
-            .await
-            .map_err(anyhow::Error::msg)?
-            .into_iter()
-            .find(|p| p.metadata.name.as_deref() == Some(&format!("{NAME}-2")))
-            .ok_or_else(|| anyhow::anyhow!("no {NAME}-2"))?;
-        let victim_ip = victim
-            .status
-            .and_then(|s| s.pod_ip)
-            .ok_or_else(|| anyhow::anyhow!("{NAME}-2 has no IP"))?;
-        let cut = cut_pod_network(&victim_ip)?;
-        eventually(
-            "the partitioned member reported NotReady",
-            CONVERGE,
-            || async {
-                let status = status().await?;
-                (status["ready"] == "2/3")
-                    .then_some(())
-                    .ok_or_else(|| format!("status {status}"))
-            },
-        )
-        .await?;
-        // Several decisions made while it is partitioned: none replaced it.
-        let seen = reconciles(&host);
-        eventually(
-            "three more decisions during the partition",
-            CONVERGE,
-            || async {
-                (reconciles(&host) >= seen + 3)
-                    .then_some(())
-                    .ok_or_else(|| format!("{} reconciles", reconciles(&host)))
-            },
-        )
-        .await?;
-        let during = members().await.map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(
-            during.iter().any(|p| p.metadata.uid == victim.metadata.uid
-                && p.metadata.deletion_timestamp.is_none()),
-            "the partitioned member's pod was deleted"
-        );
-        anyhow::ensure!(
-            member_ids().await.map_err(anyhow::Error::msg)? == ids,
-            "the membership changed during the partition"
-        );
-
-        cut.heal()?;
-        eventually("3/3 after healing", CONVERGE, || async {
-            let status = status().await?;
-            (status["ready"] == "3/3")
-                .then_some(())
-                .ok_or_else(|| format!("status {status}"))
-        })
-        .await?;
-        stop.store(true, Ordering::Relaxed);
-        let acknowledged = writer.await?;
-        anyhow::ensure!(
-            member_ids().await.map_err(anyhow::Error::msg)? == ids,
-            "the membership changed"
-        );
+    /// Waits until the member at `endpoint` holds every acknowledged key; returns how many
+    /// keys it holds.
+    async fn holds_every_key(
+        &self,
+        endpoint: &str,
+        acknowledged: &[String],
+    ) -> anyhow::Result<usize> {
         anyhow::ensure!(
             acknowledged.len() > 10,
             "only {} writes acknowledged",
             acknowledged.len()
         );
-        // Every acknowledged key, read from the member that was cut off (it caught up).
-        let healed = format!("http://{victim_ip}:2379");
-        let keys = eventually(
-            "the healed member holds every acknowledged key",
+        let endpoint = endpoint.to_owned();
+        eventually(
+            "the hurt member holds every acknowledged key",
             CONVERGE,
             || async {
                 let text = run_etcdctl(
-                    &etcdctl,
-                    std::slice::from_ref(&healed),
+                    &self.etcdctl,
+                    std::slice::from_ref(&endpoint),
                     &["get", "w-", "--prefix", "--keys-only"],
                 )
                 .await?;
-                let keys: BTreeSet<String> = text
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                let missing = acknowledged.iter().filter(|k| !keys.contains(*k)).count();
+                let keys: BTreeSet<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+                let missing = acknowledged
+                    .iter()
+                    .filter(|k| !keys.contains(k.as_str()))
+                    .count();
                 if missing == 0 {
                     Ok(keys.len())
                 } else {
@@ -239,14 +240,138 @@ async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost(
                 }
             },
         )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost()
+-> anyhow::Result<()> {
+    init_logging();
+    let cluster = Cluster::of_three("etcd-partition").await?;
+    let outcome = async {
+        let ids = cluster.member_ids().await.map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(ids.len() == 3, "{ids:?}");
+        let (stop, writer) = cluster.start_writer().await?;
+
+        // Cut member 2 off.
+        let victim = cluster.member(2).await?;
+        let victim_ip = victim
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .ok_or_else(|| anyhow::anyhow!("{NAME}-2 has no IP"))?;
+        let cut = cut_pod_network(&victim_ip)?;
+        cluster
+            .ready("the partitioned member reported NotReady", 2)
+            .await?;
+        // Several decisions made while it is partitioned: none replaced it.
+        let seen = reconciles(&cluster.host);
+        eventually(
+            "three more decisions during the partition",
+            CONVERGE,
+            || async {
+                let now = reconciles(&cluster.host);
+                (now >= seen + 3)
+                    .then_some(())
+                    .ok_or_else(|| format!("{now} reconciles"))
+            },
+        )
         .await?;
+        let during = cluster.members().await.map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            during.iter().any(|p| p.metadata.uid == victim.metadata.uid
+                && p.metadata.deletion_timestamp.is_none()),
+            "the partitioned member's pod was deleted"
+        );
+        anyhow::ensure!(
+            cluster.member_ids().await.map_err(anyhow::Error::msg)? == ids,
+            "the membership changed during the partition"
+        );
+
+        cut.heal()?;
+        cluster.ready("3/3 after healing", 3).await?;
+        stop.store(true, Ordering::Relaxed);
+        let acknowledged = writer.await?;
+        anyhow::ensure!(
+            cluster.member_ids().await.map_err(anyhow::Error::msg)? == ids,
+            "the membership changed"
+        );
+        let keys = cluster
+            .holds_every_key(&format!("http://{victim_ip}:2379"), &acknowledged)
+            .await?;
         eprintln!(
-            "[{namespace}] partition: {} writes acknowledged, {keys} keys on the healed member",
+            "[{}] partition: {} writes acknowledged, {keys} keys on the healed member",
+            cluster.namespace,
             acknowledged.len()
         );
         Ok(())
     }
     .await;
-    host.stop().await;
+    cluster.host.stop().await;
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_member_restarts_in_place_and_no_acknowledged_write_is_lost() -> anyhow::Result<()>
+{
+    init_logging();
+    let cluster = Cluster::of_three("etcd-killed").await?;
+    let outcome = async {
+        let ids = cluster.member_ids().await.map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(ids.len() == 3, "{ids:?}");
+        let (stop, writer) = cluster.start_writer().await?;
+
+        // SIGKILL member 1's etcd through containerd.
+        let victim = cluster.member(1).await?;
+        let container = victim
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .ok_or_else(|| anyhow::anyhow!("{NAME}-1 has no container status"))?
+            .clone();
+        let container_id = container
+            .container_id
+            .ok_or_else(|| anyhow::anyhow!("{NAME}-1's container has no id"))?;
+        cluster.env.kill_container(&container_id)?;
+
+        // The kubelet restarts it in place; it rejoins as the same member.
+        eventually("the killed member restarted", CONVERGE, || async {
+            let pod = cluster.member(1).await.map_err(|e| e.to_string())?;
+            let restarts = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (restarts > container.restart_count && pod_ready(&pod))
+                .then_some(())
+                .ok_or_else(|| format!("{restarts} restarts, Ready {}", pod_ready(&pod)))
+        })
+        .await?;
+        cluster.ready("3/3 after the restart", 3).await?;
+        stop.store(true, Ordering::Relaxed);
+        let acknowledged = writer.await?;
+        let after = cluster.member(1).await?;
+        anyhow::ensure!(
+            after.metadata.uid == victim.metadata.uid,
+            "the killed member's pod was replaced, not restarted"
+        );
+        anyhow::ensure!(
+            cluster.member_ids().await.map_err(anyhow::Error::msg)? == ids,
+            "the membership changed"
+        );
+        let endpoint = pod_endpoint(&after).ok_or_else(|| anyhow::anyhow!("no IP"))?;
+        let keys = cluster.holds_every_key(&endpoint, &acknowledged).await?;
+        eprintln!(
+            "[{}] killed member: {} writes acknowledged, {keys} keys on the restarted member",
+            cluster.namespace,
+            acknowledged.len()
+        );
+        Ok(())
+    }
+    .await;
+    cluster.host.stop().await;
     outcome
 }
