@@ -356,9 +356,11 @@ async fn bench() -> Result<()> {
         "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}"
     );
     println!(
-        "| clusters | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe p50 µs | observe p99 µs | children by index p50 µs | children by scan p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
+        "| clusters | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe alone p50 µs | observe p50 µs | observe p99 µs | children by index p50 µs | children by scan p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    println!(
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+    );
     let mut created = 0;
     for &target in &steps {
         let started = Instant::now();
@@ -428,7 +430,7 @@ async fn bench() -> Result<()> {
             .with_context(|| format!("the host process printed {stdout}"))?;
         let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
         println!(
-            "| {target} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
+            "| {target} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
             report["objects"],
             report["sync_ms"],
             number("rss_synced_mib"),
@@ -437,6 +439,7 @@ async fn bench() -> Result<()> {
             report["rates"],
             number("per_cpu_second"),
             report["observation_bytes"],
+            number("observe_alone_p50_us"),
             number("observe_p50_us"),
             number("observe_p99_us"),
             number("index_lookup_p50_us"),
@@ -652,8 +655,13 @@ async fn host_child(config: Value) -> Result<Value> {
 
     // Finding each parent's children, alone: through the owner index (what observe does) and
     // by the scan observe did before it, on the same caches, with the same answer.
-    let (mut index_times, mut scan_times) = (Vec::new(), Vec::new());
+    // The whole observe is timed here too, alone on one thread: the rounds below time it
+    // among 8 concurrent decisions on 2 workers.
+    let (mut index_times, mut scan_times, mut observe_alone) = (Vec::new(), Vec::new(), Vec::new());
     for parent in parents.iter() {
+        let started = Instant::now();
+        observe(parent, &host.caches)?;
+        observe_alone.push(started.elapsed());
         let started = Instant::now();
         let indexed: usize = host
             .caches
@@ -728,6 +736,7 @@ async fn host_child(config: Value) -> Result<Value> {
         "observation_bytes": observation_bytes / parents.len().max(1),
         "index_lookup_p50_us": micros(percentile(&mut index_times, 50)),
         "scan_lookup_p50_us": micros(percentile(&mut scan_times, 50)),
+        "observe_alone_p50_us": micros(percentile(&mut observe_alone, 50)),
         "observe_p50_us": micros(percentile(&mut observe_times, 50)),
         "observe_p99_us": micros(percentile(&mut observe_times, 99)),
         "decide_p50_us": micros(percentile(&mut decide_times, 50)),
