@@ -24,6 +24,7 @@ use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod};
 use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
+use crate::observe::cache::{watch_children, watch_parents};
 use crate::observe::{ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
@@ -216,31 +217,19 @@ pub async fn run(
     // reconciles until the *parent* store is ready, and nothing else. A parent decided before
     // its children are listed looks childless, and a plugin then recreates or writes off
     // children that exist (review #1).
-    let parent_writer = reflector::store::Writer::new(parent_resource.clone());
-    let parent_store = parent_writer.as_reader();
+    let (parent_store, parent_stream) =
+        watch_parents(parents, parent_resource.clone(), watcher::Config::default());
+    let parent_stream = parent_stream.applied_objects();
     let parents_listed = parent_store.clone();
-    let parent_stream = watcher(parents, watcher::Config::default())
-        .default_backoff()
-        .reflect(parent_writer)
-        .applied_objects();
     let mut caches = Vec::new();
     let mut child_streams = Vec::new();
     for kind in &info.children {
         let resource = api_resource(kind);
-        let writer = reflector::store::Writer::new(resource.clone());
-        let reader = writer.as_reader();
         let children = scoped_api(&client, &resource, namespace);
         let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}={policy}"));
-        let stream = watcher(children, config)
-            .default_backoff()
-            .reflect(writer)
-            .touched_objects();
-        child_streams.push((stream, resource.clone()));
-        caches.push(ChildCache {
-            kind: kind.clone(),
-            resource,
-            store: reader,
-        });
+        let (cache, stream) = watch_children(children, kind.clone(), resource.clone(), config);
+        child_streams.push((stream.touched_objects(), resource));
+        caches.push(cache);
     }
     let children_listed = children_synced(
         policy.clone(),

@@ -1,32 +1,27 @@
 //! Observe: gathers a parent, the children it controls and the time into the observation a
 //! plugin decides from, and the app-call scope that goes with it.
 //!
-//! Children come from the controller's own watch caches (one reflector per declared child
-//! kind, filtered by the label the host puts on everything it applies), so an observation costs
-//! no API call. A child is the parent's when it lives in the parent's namespace and its
-//! controller reference carries the parent's uid: the caches are cluster-wide, and anyone who
-//! may create objects in another namespace can write any uid into an owner reference.
+//! Children come from the controller's own watch caches (one per declared child kind,
+//! filtered by the label the host puts on everything it applies, see [`cache`]), so an
+//! observation costs no API call, and each cache's [`owner_index`] hands over the parent's
+//! children without a scan of the cache. A child is the parent's when it lives in the
+//! parent's namespace and its controller reference carries the parent's uid: the caches are
+//! cluster-wide, and anyone who may create objects in another namespace can write any uid into
+//! an owner reference.
+
+pub mod cache;
+pub mod owner_index;
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::reflector::Store;
+use kube::api::DynamicObject;
 
 use crate::capability::scope::{PodEndpoint, unreachable_why};
-use crate::contract::{Child, KindRef, Observation, Timestamp};
+use crate::contract::{Child, Observation, Timestamp};
 
-/// The watch cache of one declared child kind.
-#[derive(Clone)]
-pub struct ChildCache {
-    /// The kind as the plugin declared it.
-    pub kind: KindRef,
-    /// The kind as kube-rs addresses it.
-    pub resource: ApiResource,
-    /// Objects of that kind carrying the host's policy label.
-    pub store: Store<DynamicObject>,
-}
+pub use cache::ChildCache;
 
 /// An observation plus what the host needs to carry out the decision made from it.
 pub struct Observed {
@@ -44,19 +39,12 @@ pub fn observe(
     parent: &DynamicObject,
     caches: &[ChildCache],
 ) -> Result<Observed, serde_json::Error> {
-    let parent_uid = parent.uid().unwrap_or_default();
-    let namespace = parent.namespace();
     let mut children = Vec::new();
     let mut pods = HashMap::new();
     let mut owned: HashMap<String, HashMap<String, String>> = HashMap::new();
     for cache in caches {
-        // Filtered under the store's read lock: no clone of every cached object's handle.
-        let mut objects = cache.store.state_filter(|child| {
-            child.namespace() == namespace && is_controlled_by(child, &parent_uid)
-        });
-        // A stable order, so the same world gives the plugin the same observation.
-        objects.sort_by_key(|o| o.name_any());
-        for object in objects {
+        // Ordered by name: the same world gives the plugin the same observation.
+        for object in cache.controlled_by(parent) {
             let json = serde_json::to_string(object.as_ref())?;
             if cache.kind.group.is_empty() && cache.kind.kind == "Pod" {
                 pods.insert(object.name_any(), pod_endpoint(&object));
@@ -139,7 +127,9 @@ pub fn now() -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::KindRef;
     use k8s_openapi::api::core::v1::Pod;
+    use kube::api::ApiResource;
 
     /// Pure logic on in-memory objects: the direct read agrees with the typed one.
     #[test]
@@ -199,22 +189,18 @@ mod tests {
     }
 
     fn pod_cache(pods: Vec<DynamicObject>) -> ChildCache {
-        let resource = ApiResource::erase::<Pod>(&());
-        let mut writer = kube::runtime::reflector::store::Writer::new(resource.clone());
+        let kind = KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            plural: "pods".into(),
+            namespaced: true,
+        };
+        let (cache, mut writer) = ChildCache::new(kind, ApiResource::erase::<Pod>(&()));
         for pod in pods {
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
         }
-        ChildCache {
-            kind: KindRef {
-                group: String::new(),
-                version: "v1".into(),
-                kind: "Pod".into(),
-                plural: "pods".into(),
-                namespaced: true,
-            },
-            resource,
-            store: writer.as_reader(),
-        }
+        cache
     }
 
     /// A labelled Pod in another namespace whose controller reference carries the parent's uid
@@ -255,5 +241,81 @@ mod tests {
             Some("uid-team-a-db-0"),
             "the observed uid goes with the name"
         );
+    }
+
+    /// What observe gave before the owner index, a scan of the whole cache, is what it gives
+    /// now, byte for byte, after children were added, moved to another parent, deleted and
+    /// re-listed. In-memory: the watch events are built by hand.
+    #[test]
+    fn the_index_observes_what_a_scan_of_the_cache_finds() {
+        use kube::runtime::watcher::Event;
+        let parents: Vec<DynamicObject> = ["team-a", "team-b"]
+            .iter()
+            .flat_map(|namespace| {
+                (0..3).map(move |p| {
+                    object(serde_json::json!({
+                        "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                        "metadata": {"name": format!("p{p}"), "namespace": namespace,
+                            "uid": format!("{namespace}-p{p}")},
+                    }))
+                })
+            })
+            .collect();
+        let kind = KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            plural: "pods".into(),
+            namespaced: true,
+        };
+        let (cache, mut writer) = ChildCache::new(kind, ApiResource::erase::<Pod>(&()));
+        let mut events = vec![Event::Init];
+        for namespace in ["team-a", "team-b"] {
+            for i in 0..12 {
+                // Children of every parent, some claiming a parent of the other namespace.
+                let owner = format!("{}-p{}", ["team-a", "team-b"][i % 5 % 2], i % 3);
+                events.push(Event::InitApply(pod(
+                    namespace,
+                    &format!("m{i:02}"),
+                    &owner,
+                )));
+            }
+        }
+        events.push(Event::InitDone);
+        events.push(Event::Apply(pod("team-a", "m00", "team-a-p2")));
+        events.push(Event::Delete(pod("team-a", "m03", "team-a-p0")));
+        events.push(Event::Apply(pod("team-b", "late", "team-b-p1")));
+        for event in &events {
+            writer.apply_watcher_event(event);
+        }
+        // A re-list that lost one child and kept the rest.
+        writer.apply_watcher_event(&Event::Init);
+        for child in cache.store.state() {
+            if child.name_any() != "m04" {
+                writer.apply_watcher_event(&Event::InitApply(child.as_ref().clone()));
+            }
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+
+        for parent in &parents {
+            let uid = parent.uid().unwrap_or_default();
+            let mut scanned = cache.store.state_filter(|child| {
+                child.namespace() == parent.namespace() && is_controlled_by(child, &uid)
+            });
+            scanned.sort_by_key(|o| o.name_any());
+            let scanned: Vec<String> = scanned
+                .iter()
+                .map(|o| serde_json::to_string(o.as_ref()).expect("json"))
+                .collect();
+            let observed = observe(parent, std::slice::from_ref(&cache)).expect("observation");
+            let indexed: Vec<String> = observed
+                .observation
+                .children
+                .into_iter()
+                .map(|c| c.object)
+                .collect();
+            assert!(!scanned.is_empty(), "{uid} has children to find");
+            assert_eq!(indexed, scanned, "{uid}");
+        }
     }
 }

@@ -12,19 +12,22 @@
 //! the host's own act stage (`Executor::apply_decision`) on two passes before measuring.
 //!
 //! The measured process is a child of this bench holding what a host holds: a kube client,
-//! one reflector for the parents and one per declared child kind (label-selected, as the
-//! controller builds them), the engine and guest-etcd loaded from the artifact cache (as a
-//! restarted host loads it). It runs `observe` → `Plugin::reconcile` on its caches with the
-//! controller's concurrency (8) on a 2-worker runtime, for a few rounds of a few seconds,
-//! and reports decisions per second and its RSS from `/proc/self/status`.
+//! the parents' cache and one child cache per declared kind built by the host's own
+//! `observe::cache::{watch_parents, watch_children}` (label-selected, managedFields dropped,
+//! an owner index beside each child cache, as the controller builds them), the engine and
+//! guest-etcd loaded from the artifact cache (as a restarted host loads it). It runs
+//! `observe` → `Plugin::reconcile` on its caches with the controller's concurrency (8) on a
+//! 2-worker runtime, for a few rounds of a few seconds, and reports decisions per second and
+//! its RSS from `/proc/self/status`. It also times, for every parent, finding its children
+//! through the owner index and by the scan of every cached child that `observe` did before
+//! the index, on the same caches.
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench scale`.
 //! `SCALE_BENCH_STEPS` (default `1,10,100,1000`), `SCALE_BENCH_SECONDS` (per round, default 5),
 //! `SCALE_BENCH_ROUNDS` (default 3), `SCALE_BENCH_CONCURRENCY` (default 8). Each step is
-//! measured twice, by two fresh host processes: caching objects as the API server sends them,
-//! and dropping `metadata.managedFields` on the way into the caches.
+//! measured by a fresh host process.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,8 +37,8 @@ use anyhow::{Context, Result, anyhow};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -50,6 +53,7 @@ use policy_host::decide::{Limits, Plugin, Sandbox};
 use policy_host::load::PluginLoader;
 use policy_host::load::artifact_cache::ArtifactCache;
 use policy_host::load::pack::sha256_hex;
+use policy_host::observe::cache::{watch_children, watch_parents};
 use policy_host::observe::{ChildCache, Observed, is_controlled_by, observe};
 
 /// Set (to a JSON configuration) in the child process that plays the host.
@@ -102,8 +106,9 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// What a host holds for one policy: the plugin and its watch caches, as the controller
-/// builds them (parents unfiltered in the namespace, children selected by the policy label).
+/// What a host holds for one policy: the plugin and its watch caches, built by the host's own
+/// functions as the controller calls them (parents unfiltered in the namespace, children
+/// selected by the policy label).
 struct HostCaches {
     plugin: Plugin,
     parents: Store<DynamicObject>,
@@ -112,39 +117,23 @@ struct HostCaches {
 }
 
 impl HostCaches {
-    /// `strip`: drop `metadata.managedFields` on the way into the caches (kube-rs
-    /// `WatchStreamExt::modify`), the usual memory saving of kube-rs controllers.
-    async fn start(client: &Client, namespace: &str, plugin: Plugin, strip: bool) -> Result<Self> {
+    async fn start(client: &Client, namespace: &str, plugin: Plugin) -> Result<Self> {
         let info = plugin.info().clone();
         let mut tasks = Vec::new();
         let parent_resource = api_resource(&info.target);
-        let writer = reflector::store::Writer::new(parent_resource.clone());
-        let parents = writer.as_reader();
         let api =
             Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &parent_resource);
-        let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(move |o: &mut DynamicObject| strip_managed_fields(o, strip))
-            .reflect(writer);
+        let (parents, stream) = watch_parents(api, parent_resource, watcher::Config::default());
         tasks.push(tokio::spawn(stream.for_each(|_| async {})));
         let mut caches = Vec::new();
         for kind in &info.children {
             let resource = api_resource(kind);
-            let writer = reflector::store::Writer::new(resource.clone());
-            let store = writer.as_reader();
             let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
             let config =
                 watcher::Config::default().labels(&format!("{POLICY_LABEL}={}", info.name));
-            let stream = watcher(api, config)
-                .default_backoff()
-                .modify(move |o: &mut DynamicObject| strip_managed_fields(o, strip))
-                .reflect(writer);
+            let (cache, stream) = watch_children(api, kind.clone(), resource, config);
             tasks.push(tokio::spawn(stream.for_each(|_| async {})));
-            caches.push(ChildCache {
-                kind: kind.clone(),
-                resource,
-                store,
-            });
+            caches.push(cache);
         }
         let ready = async {
             parents.wait_until_ready().await?;
@@ -182,7 +171,6 @@ impl HostCaches {
     /// etcd as the plugin would find it for `parent`: every cached member pod a started
     /// voter, the first one leader.
     fn script(&self, parent: &DynamicObject) -> AppCallScript {
-        let uid = parent.uid().unwrap_or_default();
         let namespace = parent.namespace().unwrap_or_default();
         let cluster = ClusterRef {
             name: parent.name_any(),
@@ -193,7 +181,7 @@ impl HostCaches {
             .caches
             .iter()
             .filter(|c| c.kind.kind == "Pod" && c.kind.group.is_empty())
-            .flat_map(|c| c.store.state_filter(|p| is_controlled_by(p, &uid)))
+            .flat_map(|c| c.controlled_by(parent))
             .map(|p| p.name_any())
             .collect();
         pods.sort();
@@ -276,10 +264,21 @@ impl Drop for HostCaches {
     }
 }
 
-fn strip_managed_fields(object: &mut DynamicObject, strip: bool) {
-    if strip {
-        object.managed_fields_mut().clear();
-    }
+/// How `observe` found a parent's children before the owner index: a scan of every cached
+/// object of each child kind, kept here to compare on the same caches.
+fn scan_for_children(caches: &[ChildCache], parent: &DynamicObject) -> usize {
+    let uid = parent.uid().unwrap_or_default();
+    let namespace = parent.namespace();
+    caches
+        .iter()
+        .map(|cache| {
+            let mut children = cache.store.state_filter(|child| {
+                child.namespace() == namespace && is_controlled_by(child, &uid)
+            });
+            children.sort_by_key(|o| o.name_any());
+            children.len()
+        })
+        .sum()
 }
 
 /// CPU time this process has used (user + system, `/proc/self/stat` fields 14 and 15).
@@ -351,19 +350,22 @@ async fn bench() -> Result<()> {
         .context("loading guest-etcd")?;
     let policy = plugin.info().name.clone();
     let executor = Executor::new(client.clone(), plugin.label(), plugin.info());
-    let host = HostCaches::start(&client, &namespace, plugin, false).await?;
+    let host = HostCaches::start(&client, &namespace, plugin).await?;
 
     println!(
         "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}"
     );
     println!(
-        "| clusters | managedFields in cache | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
+        "| clusters | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe alone p50 µs | observe p50 µs | observe p99 µs | children by index p50 µs | children by scan p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|");
+    println!(
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+    );
     let mut created = 0;
     for &target in &steps {
         let started = Instant::now();
-        let new: Vec<String> = (created..target).map(|i| format!("c{i:04}")).collect();
+        let new: Vec<String> = (created..target).map(|i| format!("c{i:05}")).collect();
+        let new_names: HashSet<&String> = new.iter().collect();
         create_clusters(&client, &namespace, &policy, &new).await?;
         let wrote = started.elapsed();
         // Two passes of the host's whole reconcile (observe, decide, act) over the new
@@ -375,7 +377,7 @@ async fn bench() -> Result<()> {
             let parents: Vec<Arc<DynamicObject>> = host
                 .parents()
                 .into_iter()
-                .filter(|p| new.contains(&p.name_any()))
+                .filter(|p| new_names.contains(&p.name_any()))
                 .collect();
             let pass_started = Instant::now();
             futures::stream::iter(parents.iter().map(|parent| {
@@ -402,50 +404,51 @@ async fn bench() -> Result<()> {
             wrote.as_secs_f64()
         );
 
-        for strip in [false, true] {
-            let config = json!({
-                "kubeconfig": env.kubeconfig_path(),
-                "namespace": namespace,
-                "wasm": wasm,
-                "cache": cache_dir,
-                "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
-                "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
-                "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
-                "expect": target,
-                "strip": strip,
-            });
-            let child = tokio::process::Command::new(std::env::current_exe()?)
-                .env(HOST_CHILD, config.to_string())
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .await?;
-            let stdout = String::from_utf8_lossy(&child.stdout);
-            if !child.status.success() {
-                return Err(anyhow!(
-                    "the host process for {target} clusters failed ({}): {stdout}",
-                    child.status
-                ));
-            }
-            let report: Value = serde_json::from_str(stdout.trim())
-                .with_context(|| format!("the host process printed {stdout}"))?;
-            println!(
-                "| {target} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
-                if strip { "stripped" } else { "kept" },
-                report["objects"],
-                report["sync_ms"],
-                report["rss_synced_mib"].as_f64().unwrap_or(0.0),
-                report["rss_after_mib"].as_f64().unwrap_or(0.0),
-                report["rate_median"].as_f64().unwrap_or(0.0),
-                report["rates"],
-                report["per_cpu_second"].as_f64().unwrap_or(0.0),
-                report["observation_bytes"],
-                report["observe_p50_us"].as_f64().unwrap_or(0.0),
-                report["decide_p50_us"].as_f64().unwrap_or(0.0),
-                report["steady"],
-                report["checked"],
-            );
-            eprintln!("[scale] {target}: {report}");
+        let config = json!({
+            "kubeconfig": env.kubeconfig_path(),
+            "namespace": namespace,
+            "wasm": wasm,
+            "cache": cache_dir,
+            "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
+            "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
+            "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
+            "expect": target,
+        });
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .env(HOST_CHILD, config.to_string())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        if !child.status.success() {
+            return Err(anyhow!(
+                "the host process for {target} clusters failed ({}): {stdout}",
+                child.status
+            ));
         }
+        let report: Value = serde_json::from_str(stdout.trim())
+            .with_context(|| format!("the host process printed {stdout}"))?;
+        let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
+        println!(
+            "| {target} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
+            report["objects"],
+            report["sync_ms"],
+            number("rss_synced_mib"),
+            number("rss_after_mib"),
+            number("rate_median"),
+            report["rates"],
+            number("per_cpu_second"),
+            report["observation_bytes"],
+            number("observe_alone_p50_us"),
+            number("observe_p50_us"),
+            number("observe_p99_us"),
+            number("index_lookup_p50_us"),
+            number("scan_lookup_p50_us"),
+            number("decide_p50_us"),
+            report["steady"],
+            report["checked"],
+        );
+        eprintln!("[scale] {target}: {report}");
     }
     let _ = std::fs::remove_dir_all(&cache_dir);
     Ok(())
@@ -619,8 +622,7 @@ async fn host_child(config: Value) -> Result<Value> {
         .await?;
     let rss_loaded = status_kib("VmRSS:");
     let started = Instant::now();
-    let strip = config["strip"].as_bool().unwrap_or(false);
-    let host = HostCaches::start(&client, &namespace, plugin, strip).await?;
+    let host = HostCaches::start(&client, &namespace, plugin).await?;
     let expect = config["expect"].as_u64().unwrap_or(0) as usize;
     wait_cached(&host, expect, true).await?;
     let sync_ms = started.elapsed().as_millis();
@@ -648,6 +650,33 @@ async fn host_child(config: Value) -> Result<Value> {
         let (_, decision, _, _) = host.decide(parent, script).await?;
         if is_steady(&decision) {
             steady += 1;
+        }
+    }
+
+    // Finding each parent's children, alone: through the owner index (what observe does) and
+    // by the scan observe did before it, on the same caches, with the same answer.
+    // The whole observe is timed here too, alone on one thread: the rounds below time it
+    // among 8 concurrent decisions on 2 workers.
+    let (mut index_times, mut scan_times, mut observe_alone) = (Vec::new(), Vec::new(), Vec::new());
+    for parent in parents.iter() {
+        let started = Instant::now();
+        observe(parent, &host.caches)?;
+        observe_alone.push(started.elapsed());
+        let started = Instant::now();
+        let indexed: usize = host
+            .caches
+            .iter()
+            .map(|c| c.controlled_by(parent).len())
+            .sum();
+        index_times.push(started.elapsed());
+        let started = Instant::now();
+        let scanned = scan_for_children(&host.caches, parent);
+        scan_times.push(started.elapsed());
+        if indexed != scanned {
+            return Err(anyhow!(
+                "{}: the owner index gives {indexed} children, a scan {scanned}",
+                parent.name_any()
+            ));
         }
     }
 
@@ -705,7 +734,9 @@ async fn host_child(config: Value) -> Result<Value> {
         "rate_median": median(rates.clone()),
         "per_cpu_second": median(cpu_rates.clone()),
         "observation_bytes": observation_bytes / parents.len().max(1),
-        "strip_managed_fields": strip,
+        "index_lookup_p50_us": micros(percentile(&mut index_times, 50)),
+        "scan_lookup_p50_us": micros(percentile(&mut scan_times, 50)),
+        "observe_alone_p50_us": micros(percentile(&mut observe_alone, 50)),
         "observe_p50_us": micros(percentile(&mut observe_times, 50)),
         "observe_p99_us": micros(percentile(&mut observe_times, 99)),
         "decide_p50_us": micros(percentile(&mut decide_times, 50)),

@@ -15,7 +15,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::core::GroupVersionKind;
-use kube::runtime::{reflector, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use policy_host::act::{ActError, Executor};
 use policy_host::contract::{Action, KindRef, ObjectRef, PolicyInfo};
@@ -343,17 +343,12 @@ impl Stage {
 
     /// What observe would have given when the watch cache still held `children`.
     fn observed_with(&self, children: Vec<ConfigMap>) -> anyhow::Result<Observed> {
-        let resource = ApiResource::erase::<ConfigMap>(&());
-        let mut writer = reflector::store::Writer::new(resource.clone());
+        let (cache, mut writer) =
+            ChildCache::new(config_map_kind(), ApiResource::erase::<ConfigMap>(&()));
         for child in children {
             let object: DynamicObject = serde_json::from_value(serde_json::to_value(child)?)?;
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
-        let cache = ChildCache {
-            kind: config_map_kind(),
-            resource,
-            store: writer.as_reader(),
-        };
         Ok(observe(&self.parent, &[cache])?)
     }
 

@@ -1,0 +1,136 @@
+//! The watch caches observations are built from: how the API server's watch streams fill them
+//! (one for the parents, one per declared child kind), what is dropped on the way in, and the
+//! owner index kept beside each child cache.
+//!
+//! The controller and the scale bench both build their caches here, so the bench measures the
+//! caches the host runs with.
+
+use std::sync::Arc;
+
+use futures::{Stream, TryStreamExt};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::is_controlled_by;
+use super::owner_index::{OwnerIndex, OwnerIndexWriter};
+use crate::contract::KindRef;
+
+/// The watch cache of one declared child kind.
+#[derive(Clone)]
+pub struct ChildCache {
+    /// The kind as the plugin declared it.
+    pub kind: KindRef,
+    /// The kind as kube-rs addresses it.
+    pub resource: ApiResource,
+    /// Objects of that kind carrying the host's policy label.
+    pub store: Store<DynamicObject>,
+    /// Which of them each controller owns, by the controller's uid.
+    pub owners: OwnerIndex,
+}
+
+/// Fills a [`ChildCache`] from watch events: its store and its owner index, in that order, for
+/// each event.
+pub struct ChildCacheWriter {
+    store: reflector::store::Writer<DynamicObject>,
+    owners: OwnerIndexWriter,
+}
+
+impl ChildCacheWriter {
+    /// Applies one watch event to the store, then to the owner index: the index never names a
+    /// child the store has not received yet.
+    pub fn apply_watcher_event(&mut self, event: &watcher::Event<DynamicObject>) {
+        self.store.apply_watcher_event(event);
+        self.owners.apply_watcher_event(event);
+    }
+}
+
+impl ChildCache {
+    /// An empty cache of `kind` and the writer that fills it.
+    pub fn new(kind: KindRef, resource: ApiResource) -> (Self, ChildCacheWriter) {
+        let store = reflector::store::Writer::new(resource.clone());
+        let owners = OwnerIndexWriter::new();
+        let cache = Self {
+            kind,
+            resource,
+            store: store.as_reader(),
+            owners: owners.as_reader(),
+        };
+        (cache, ChildCacheWriter { store, owners })
+    }
+
+    /// The cached children `parent` controls, ordered by name: through the owner index, so the
+    /// cost is the parent's children, not the cache's size.
+    ///
+    /// A child is the parent's only when it lives in the parent's namespace and its controller
+    /// reference carries the parent's uid: the caches are cluster-wide, and anyone who may
+    /// create objects in another namespace can write any uid into an owner reference. Both are
+    /// checked again on the object itself, which the index may be a moment behind.
+    pub fn controlled_by(&self, parent: &DynamicObject) -> Vec<Arc<DynamicObject>> {
+        let uid = parent.uid().unwrap_or_default();
+        let namespace = parent.namespace();
+        let mut children: Vec<Arc<DynamicObject>> = self
+            .owners
+            .children_of(&uid)
+            .into_iter()
+            .filter(|key| key.namespace == namespace)
+            .filter_map(|key| self.store.get(&key.object_ref(&self.resource)))
+            .filter(|child| child.namespace() == namespace && is_controlled_by(child, &uid))
+            .collect();
+        // The index is ordered already; sorting a handful again keeps the order a property of
+        // this function rather than of the index's key type.
+        children.sort_by_key(|o| o.name_any());
+        children
+    }
+}
+
+/// The items of a cache's watch stream once cached: every event, to turn into triggers
+/// (`applied_objects`, `touched_objects`).
+pub type CachedEvents = watcher::Result<watcher::Event<DynamicObject>>;
+
+/// Watches `api` for the children of one declared kind (`config` carries the policy's label
+/// selector) into a new [`ChildCache`]. Nothing is cached until the stream is polled; the
+/// cache is ready (`store.wait_until_ready`) after its first list.
+pub fn watch_children(
+    api: Api<DynamicObject>,
+    kind: KindRef,
+    resource: ApiResource,
+    config: watcher::Config,
+) -> (
+    ChildCache,
+    impl Stream<Item = CachedEvents> + Send + 'static,
+) {
+    let (cache, mut writer) = ChildCache::new(kind, resource);
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(drop_managed_fields)
+        .inspect_ok(move |event| writer.apply_watcher_event(event));
+    (cache, stream)
+}
+
+/// Watches `api` for the parents into a new store, as [`watch_children`] does for children.
+pub fn watch_parents(
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+    config: watcher::Config,
+) -> (
+    Store<DynamicObject>,
+    impl Stream<Item = CachedEvents> + Send + 'static,
+) {
+    let writer = reflector::store::Writer::new(resource);
+    let store = writer.as_reader();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(drop_managed_fields)
+        .reflect(writer);
+    (store, stream)
+}
+
+/// `metadata.managedFields` are the API server's record of who set which field, a third of a
+/// typical object's JSON (BENCHMARKS.md, "Throughput at scale"). The host never reads them and
+/// plugins are not shown them (wit/CHANGELOG.md), so they are not kept. Set to none rather
+/// than emptied: an empty list would reach the plugin as `"managedFields": []`.
+fn drop_managed_fields(object: &mut DynamicObject) {
+    object.metadata.managed_fields = None;
+}
