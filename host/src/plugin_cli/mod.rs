@@ -163,7 +163,9 @@ pub async fn pack(
         .map(SigningKey::from_pem_file)
         .transpose()?;
     let crds = read_crds(&request.bundle_crds)?;
-    bundle::check_crds(plugin.info(), &crds)?;
+    if !crds.is_empty() {
+        bundle::check_crds(plugin.info(), &crds)?;
+    }
     let mut config_map =
         pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
     if let Some(signer) = &signer {
