@@ -42,10 +42,11 @@ fn documents(path: &Path) -> Vec<serde_yaml::Value> {
         .collect()
 }
 
-/// The role objects among `objects`: (kind, name, labels, rules).
-fn roles_in(
-    objects: &[serde_yaml::Value],
-) -> Vec<(String, String, BTreeMap<String, String>, Vec<Rule>)> {
+/// A role as written: (kind, name, labels, rules).
+type RoleObject = (String, String, BTreeMap<String, String>, Vec<Rule>);
+
+/// The role objects among `objects`.
+fn roles_in(objects: &[serde_yaml::Value]) -> Vec<RoleObject> {
     objects
         .iter()
         .filter_map(|object| {

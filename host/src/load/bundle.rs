@@ -271,8 +271,8 @@ mod tests {
                 (
                     format!(
                         "{}/{}",
-                        r.api_groups.as_ref().unwrap()[0],
-                        r.resources.as_ref().unwrap()[0]
+                        r.api_groups.as_ref().expect("groups")[0],
+                        r.resources.as_ref().expect("resources")[0]
                     ),
                     r.verbs.clone(),
                 )
@@ -315,36 +315,39 @@ mod tests {
             Some("policy-host-plugin-etcd")
         );
         assert_eq!(
-            role.metadata.labels.unwrap()[AGGREGATE_LABEL],
+            role.metadata.labels.expect("labels")[AGGREGATE_LABEL],
             "true".to_owned()
         );
     }
 
     #[test]
     fn the_target_crd_is_required_and_a_wrong_one_named() {
-        let crd = CrdDocument::parse("etcd.yaml", CRD.into()).unwrap();
-        check_crds(&info(), std::slice::from_ref(&crd)).unwrap();
+        let crd = CrdDocument::parse("etcd.yaml", CRD.into()).expect("a CRD");
+        check_crds(&info(), std::slice::from_ref(&crd)).expect("defines the target");
         let other = CrdDocument::parse(
             "redis.yaml",
             CRD.replace("etcdclusters", "redisreplications"),
         )
-        .unwrap();
-        let error = check_crds(&info(), &[other]).unwrap_err().to_string();
+        .expect("parses");
+        let error = check_crds(&info(), &[other])
+            .expect_err("refused")
+            .to_string();
         assert!(
             error.contains("redisreplications.etcd.database.coreos.com"),
             "{error}"
         );
         assert!(error.contains("--crd"), "{error}");
-        let unserved =
-            CrdDocument::parse("old.yaml", CRD.replace("served: true", "served: false")).unwrap();
+        let unserved = CrdDocument::parse("old.yaml", CRD.replace("served: true", "served: false"))
+            .expect("parses");
         assert!(check_crds(&info(), &[unserved]).is_err());
-        let not_a_crd = CrdDocument::parse("cm.yaml", "kind: ConfigMap\n".into()).unwrap_err();
+        let not_a_crd =
+            CrdDocument::parse("cm.yaml", "kind: ConfigMap\n".into()).expect_err("refused");
         assert!(not_a_crd.to_string().contains("cm.yaml"), "{not_a_crd}");
     }
 
     #[test]
     fn a_bundle_is_crds_then_role_then_config_map() {
-        let crd = CrdDocument::parse("etcd.yaml", CRD.into()).unwrap();
+        let crd = CrdDocument::parse("etcd.yaml", CRD.into()).expect("a CRD");
         let role = plugin_cluster_role("plugin-etcd", &info(), None);
         let yaml = render(
             "# header\n",
@@ -352,11 +355,11 @@ mod tests {
             &role,
             "apiVersion: v1\nkind: ConfigMap\n",
         )
-        .unwrap();
+        .expect("parses");
         let kinds: Vec<String> = serde_yaml::Deserializer::from_str(&yaml)
             .map(|d| {
-                let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap();
-                v["kind"].as_str().unwrap().to_owned()
+                let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("parses");
+                v["kind"].as_str().expect("parses").to_owned()
             })
             .collect();
         assert_eq!(

@@ -126,12 +126,12 @@ async fn cluster_converged(
     }
     let live = member_pods(pods, name).await?;
     if live.iter().any(|p| {
-        !p.spec
+        p.spec
             .as_ref()
             .and_then(|s| s.containers.first())
             .and_then(|c| c.image.as_deref())
             .and_then(|image| image.rsplit_once(':'))
-            .is_some_and(|(_, tag)| tag.trim_start_matches('v') == version)
+            .is_none_or(|(_, tag)| tag.trim_start_matches('v') != version)
     }) {
         return Err(format!("a member pod does not run etcd {version} yet"));
     }
