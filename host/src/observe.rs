@@ -188,7 +188,8 @@ mod tests {
         }))
     }
 
-    fn pod_cache(pods: Vec<DynamicObject>) -> ChildCache {
+    /// An empty Pod cache and its writer.
+    fn empty_pod_cache() -> (ChildCache, cache::ChildCacheWriter) {
         let kind = KindRef {
             group: String::new(),
             version: "v1".into(),
@@ -196,7 +197,11 @@ mod tests {
             plural: "pods".into(),
             namespaced: true,
         };
-        let (cache, mut writer) = ChildCache::new(kind, ApiResource::erase::<Pod>(&()));
+        ChildCache::new(kind, ApiResource::erase::<Pod>(&()))
+    }
+
+    fn pod_cache(pods: Vec<DynamicObject>) -> ChildCache {
+        let (cache, mut writer) = empty_pod_cache();
         for pod in pods {
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
         }
@@ -261,14 +266,7 @@ mod tests {
                 })
             })
             .collect();
-        let kind = KindRef {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "Pod".into(),
-            plural: "pods".into(),
-            namespaced: true,
-        };
-        let (cache, mut writer) = ChildCache::new(kind, ApiResource::erase::<Pod>(&()));
+        let (cache, mut writer) = empty_pod_cache();
         let mut events = vec![Event::Init];
         for namespace in ["team-a", "team-b"] {
             for i in 0..12 {

@@ -208,20 +208,11 @@ pub fn render(
         }
     }
     out.push_str("---\n# What the host needs on this plugin's kinds, aggregated into its ClusterRole `policy-host`.\n");
-    out.push_str(&serde_yaml::to_string(&typed(role))?);
+    // k8s-openapi's types serialize with their apiVersion and kind.
+    out.push_str(&serde_yaml::to_string(role)?);
     out.push_str("---\n");
     out.push_str(config_map_yaml);
     Ok(out)
-}
-
-/// A ClusterRole with its apiVersion and kind, as kubectl wants it.
-fn typed(role: &ClusterRole) -> serde_json::Value {
-    let mut value = serde_json::to_value(role).unwrap_or_default();
-    if let Some(object) = value.as_object_mut() {
-        object.insert("apiVersion".into(), "rbac.authorization.k8s.io/v1".into());
-        object.insert("kind".into(), "ClusterRole".into());
-    }
-    value
 }
 
 #[cfg(test)]

@@ -58,23 +58,28 @@ async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()>
             .await?;
         eventually("3/3", CONVERGE, || converged(3)).await?;
         let created = applied.elapsed();
-        let scaled_at = Instant::now();
-        clusters
-            .patch(NAME, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 5}})))
-            .await?;
-        eventually("5/5", CONVERGE, || converged(5)).await?;
-        let scaled_right_after = scaled_at.elapsed();
+        let resize = |size: usize, what: &'static str| {
+            let (clusters, converged) = (&clusters, &converged);
+            async move {
+                let started = Instant::now();
+                clusters
+                    .patch(
+                        NAME,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"spec": {"size": size}})),
+                    )
+                    .await?;
+                eventually(what, CONVERGE, || converged(size)).await?;
+                anyhow::Ok(started.elapsed())
+            }
+        };
+        let scaled_right_after = resize(5, "5/5").await?;
 
         // Back to 3, then 3 -> 5 again once the cluster is in a steady state: every member
         // connected to every voter for longer than etcd's 5 s `HealthInterval`, the rule that
         // refused the first scale's `member add` right after the create. The wait is for that
         // state (3/3 seen, then held for 6 s), not a pause standing in for one.
-        let shrunk_at = Instant::now();
-        clusters
-            .patch(NAME, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 3}})))
-            .await?;
-        eventually("back to 3/3", CONVERGE, || converged(3)).await?;
-        let shrunk = shrunk_at.elapsed();
+        let shrunk = resize(3, "back to 3/3").await?;
         let settled_since = Instant::now();
         eventually("3/3 held past etcd's 5 s health window", CONVERGE, || {
             let check = converged(3);
@@ -87,17 +92,13 @@ async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()>
             }
         })
         .await?;
-        let steady_at = Instant::now();
-        clusters
-            .patch(NAME, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"size": 5}})))
-            .await?;
-        eventually("5/5 again", CONVERGE, || converged(5)).await?;
+        let steady = resize(5, "5/5 again").await?;
         println!(
             "figure: real node, etcd {version}: apply -> 3/3 {:.1} s; scale 3 -> 5 right after {:.1} s; 5 -> 3 {:.1} s; scale 3 -> 5 in steady state {:.1} s",
             created.as_secs_f64(),
             scaled_right_after.as_secs_f64(),
             shrunk.as_secs_f64(),
-            steady_at.elapsed().as_secs_f64()
+            steady.as_secs_f64()
         );
         Ok(())
     }
