@@ -58,7 +58,10 @@ async fn converged(clusters: &Api<DynamicObject>, pods: &Api<Pod>) -> Result<(),
     }
 }
 
-/// `ChaosPodKilled` Events on the cluster, oldest first, as (time, note).
+/// The kills recorded by `ChaosPodKilled` Events on the cluster, oldest first, one note per
+/// kill. A kill of a pod name already killed once (a replaced member keeps its name) has the
+/// same note, and Kubernetes folds repeats into one Event whose `series.count` counts them:
+/// each is a kill.
 async fn kills(events: &Api<Event>) -> Vec<String> {
     let mut found: Vec<(String, String)> = events
         .list(&ListParams::default())
@@ -70,9 +73,11 @@ async fn kills(events: &Api<Event>) -> Vec<String> {
             e.reason.as_deref() == Some("ChaosPodKilled")
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NAME)
         })
-        .map(|e| {
+        .flat_map(|e| {
             let at = e.event_time.map(|t| t.0.to_string()).unwrap_or_default();
-            (at, e.note.unwrap_or_default())
+            let count = e.series.as_ref().map_or(1, |s| s.count.max(1));
+            let note = e.note.unwrap_or_default();
+            (0..count).map(move |_| (at.clone(), note.clone()))
         })
         .collect();
     found.sort();
