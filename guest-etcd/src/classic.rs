@@ -192,3 +192,97 @@ pub fn read(
         ignored,
     ))
 }
+
+/// The S3 endpoint used when a classic S3 source names none: AWS, as for the classic operator.
+pub const DEFAULT_S3_ENDPOINT: &str = "https://s3.amazonaws.com";
+
+/// The classic operator's S3 object (`EtcdBackup`'s `spec.s3`, `EtcdRestore`'s `spec.s3`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Source {
+    /// `<bucket>/<object>`, e.g. `etcd-backups/prod/etcd.backup`.
+    pub path: String,
+    /// A Secret in this namespace with `accessKeyID` and `secretAccessKey`. The classic
+    /// operator read AWS `credentials` and `config` files from it; those are not read here:
+    /// add the two keys beside them.
+    #[serde(rename = "awsSecret")]
+    pub aws_secret: String,
+    /// The store's URL, `http://` or `https://` and a host (and port); default
+    /// `https://s3.amazonaws.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Accepted for compatibility; `mc` chooses path-style or virtual-host requests by itself
+    /// (path-style for any endpoint that is not AWS).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_path_style: bool,
+}
+
+/// A checked [`S3Source`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidS3Object {
+    /// `http(s)://host[:port]` of the store.
+    pub endpoint: String,
+    /// The bucket.
+    pub bucket: String,
+    /// The object, without the bucket.
+    pub object: String,
+    /// The credentials Secret.
+    pub credentials_secret: String,
+}
+
+impl S3Source {
+    /// Checks the source found at `field` (e.g. `spec.s3`); the error names the field and
+    /// says what to write.
+    pub fn validate(&self, field: &str) -> Result<ValidS3Object, String> {
+        let (bucket, object) = self
+            .path
+            .trim()
+            .trim_start_matches('/')
+            .split_once('/')
+            .filter(|(_, object)| !object.is_empty() && !object.ends_with('/'))
+            .ok_or_else(|| {
+                format!(
+                    "{field}.path {:?} is not <bucket>/<object>: write e.g. etcd-backups/prod/etcd.backup",
+                    self.path
+                )
+            })?;
+        if !crate::spec::is_dns_subdomain(&self.aws_secret) {
+            return Err(format!(
+                "{field}.awsSecret {:?} is not a Secret name: name a Secret in this namespace with accessKeyID and secretAccessKey",
+                self.aws_secret
+            ));
+        }
+        Ok(ValidS3Object {
+            endpoint: crate::spec::valid_endpoint(
+                field,
+                self.endpoint.as_deref().unwrap_or(DEFAULT_S3_ENDPOINT),
+            )?,
+            bucket: crate::spec::valid_bucket(field, bucket)?,
+            object: object.to_owned(),
+            credentials_secret: self.aws_secret.clone(),
+        })
+    }
+}
+
+/// Refuses the classic operator's other storages (`abs`, `gcs`, `oss`, each set or not) and a
+/// storage type (at `type_field`) that is not S3.
+pub fn only_s3(
+    type_field: &str,
+    storage_type: &str,
+    others: [(&str, bool); 3],
+) -> Result<(), String> {
+    for (field, set) in others {
+        if set {
+            return Err(format!(
+                "spec.{field} is the classic operator's storage that policy-host does not use: write {type_field}: S3 and spec.s3 (any S3-compatible store)"
+            ));
+        }
+    }
+    if storage_type.eq_ignore_ascii_case("s3") {
+        Ok(())
+    } else {
+        Err(format!(
+            "spec.{type_field} {storage_type:?} is not supported: write {type_field}: S3 and spec.s3"
+        ))
+    }
+}

@@ -19,6 +19,7 @@
 //! - [`children`] — names and JSON of the Services, Pods, claims and budget, and the `mc`
 //!   containers that upload snapshots to an S3-compatible store and download one for a
 //!   restore ([`children::object_store`]).
+//! - [`pod_steps`] — what the one-shot containers of a backup or restore Pod report.
 //! - [`schedule`] — the backup schedule: durations, times, when a snapshot is due.
 //! - [`reconcile`] — the decisions, and the status conditions they report.
 
@@ -26,6 +27,7 @@ pub mod children;
 pub mod classic;
 pub mod etcd_api;
 pub mod maintenance;
+pub mod pod_steps;
 pub mod reconcile;
 pub mod schedule;
 pub mod spec;
@@ -56,6 +58,7 @@ pub fn target_kind() -> KindRef {
 /// host hands over, each decision logged at debug level.
 pub struct EtcdPlugin;
 
+#[cfg(feature = "plugin")]
 policy_host_sdk::export_plugin!(EtcdPlugin);
 
 impl Plugin for EtcdPlugin {

@@ -750,7 +750,7 @@ impl EtcdClusterSpec {
 
 /// A Kubernetes object name: lower-case letters, digits, `-` and `.`, starting and ending
 /// with a letter or digit, at most 253 characters.
-fn is_dns_subdomain(name: &str) -> bool {
+pub fn is_dns_subdomain(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     name.len() <= 253
         && edge(name.chars().next())
@@ -864,7 +864,7 @@ fn validate_restore(restore: &RestoreSpec) -> Result<(), String> {
 }
 
 /// `http(s)://host[:port]`, without a trailing `/`.
-fn valid_endpoint(field: &str, endpoint: &str) -> Result<String, String> {
+pub fn valid_endpoint(field: &str, endpoint: &str) -> Result<String, String> {
     let endpoint = endpoint.trim().trim_end_matches('/');
     let host = endpoint
         .strip_prefix("http://")
@@ -885,7 +885,7 @@ fn valid_endpoint(field: &str, endpoint: &str) -> Result<String, String> {
 
 /// S3 bucket names: 3 to 63 lower-case letters, digits, `.` and `-`, starting and ending
 /// with a letter or digit (AWS "Bucket naming rules").
-fn valid_bucket(field: &str, bucket: &str) -> Result<String, String> {
+pub fn valid_bucket(field: &str, bucket: &str) -> Result<String, String> {
     if (3..=63).contains(&bucket.len()) && is_dns_subdomain(bucket) {
         Ok(bucket.to_owned())
     } else {
@@ -895,7 +895,8 @@ fn valid_bucket(field: &str, bucket: &str) -> Result<String, String> {
     }
 }
 
-fn valid_credentials(field: &str, secret: &str) -> Result<String, String> {
+/// A credentials Secret name (`<field>.credentialsSecret`).
+pub fn valid_credentials(field: &str, secret: &str) -> Result<String, String> {
     if is_dns_subdomain(secret) {
         Ok(secret.to_owned())
     } else {
@@ -905,7 +906,8 @@ fn valid_credentials(field: &str, secret: &str) -> Result<String, String> {
     }
 }
 
-fn valid_mc_image(field: &str, image: Option<&str>) -> Result<String, String> {
+/// The `mc` image of `<field>.image`, or the pinned default.
+pub fn valid_mc_image(field: &str, image: Option<&str>) -> Result<String, String> {
     match image.map(str::trim) {
         None | Some("") => Ok(DEFAULT_MC_IMAGE.to_owned()),
         Some(image) if !image.contains(char::is_whitespace) => Ok(image.to_owned()),

@@ -32,7 +32,7 @@ pub fn location(s3: &ValidS3, file: &str) -> String {
 }
 
 /// The environment that gives `mc` the alias `s3` for `endpoint` with the Secret's keys.
-fn credentials_env(endpoint: &str, secret: &str) -> Value {
+pub fn credentials_env(endpoint: &str, secret: &str) -> Value {
     // Validation guarantees a scheme; https is the safe reading of one without.
     let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", endpoint));
     let key = |name: &str, key: &str| json!({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});

@@ -12,7 +12,6 @@
 
 use policy_host_sdk::conditions::rfc3339;
 use policy_host_sdk::pods::ObservedPod;
-use serde_json::Value;
 
 use super::Step;
 use crate::children::object_store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, UPLOAD_CONTAINER};
@@ -21,6 +20,7 @@ use crate::children::{
     VERIFY_CONTAINER,
 };
 use crate::etcd_api::EtcdApi;
+use crate::pod_steps::{age, exit_summary, ready_since, terminated};
 use crate::protocol::{Action, EventType, Timestamp};
 use crate::schedule::{due_time_to_record, next_due, parse_rfc3339};
 use crate::spec::{BackupStatus, SnapshotStatus, ValidBackup, ValidS3};
@@ -43,36 +43,6 @@ enum Progress {
     /// It failed; `overwritten`: the save had finished, so the slot file now holds the
     /// snapshot that failed (the previous one in that file is gone).
     Failed { why: String, overwritten: bool },
-}
-
-/// A container's `state.terminated`, from `initContainerStatuses` or `containerStatuses`.
-fn terminated<'p>(pod: &'p ObservedPod, list: &str, container: &str) -> Option<&'p Value> {
-    pod.object["status"][list]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == container)?
-        .get("state")?
-        .get("terminated")
-}
-
-/// `exit code N` and, when kubelet kept one (`terminationMessagePolicy:
-/// FallbackToLogsOnError`), the end of the container's output.
-fn exit_summary(state: &Value) -> String {
-    let code = state["exitCode"].as_i64().unwrap_or(-1);
-    let message = state["message"].as_str().map(str::trim).unwrap_or_default();
-    if message.is_empty() {
-        format!("exit code {code}")
-    } else {
-        let tail: String = message
-            .chars()
-            .rev()
-            .take(300)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        format!("exit code {code}: {tail}")
-    }
 }
 
 /// What to check when the upload to `s3` fails: the three things it depends on.
@@ -160,26 +130,6 @@ fn progress(pod: &ObservedPod, s3: Option<&ValidS3>) -> Progress {
     } else {
         Progress::Working
     }
-}
-
-/// When the Pod became Ready (its `Ready` condition's transition), else when it was created.
-fn ready_since(pod: &ObservedPod) -> Option<i64> {
-    pod.object["status"]["conditions"]
-        .as_array()
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-        .and_then(|c| c["lastTransitionTime"].as_str())
-        .or_else(|| pod.object["metadata"]["creationTimestamp"].as_str())
-        .and_then(parse_rfc3339)
-}
-
-fn age(pod: &ObservedPod, now: Timestamp) -> Option<i64> {
-    pod.object["metadata"]["creationTimestamp"]
-        .as_str()
-        .and_then(parse_rfc3339)
-        .map(|created| now.seconds - created)
 }
 
 /// Whether `status` already records the result of a snapshot taken for `cause`.
