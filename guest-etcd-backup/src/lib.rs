@@ -2,8 +2,8 @@
 //! (`etcd.database.coreos.com/v1beta2`), a snapshot of the cluster behind
 //! `spec.etcdEndpoints` taken, proved to restore, uploaded to S3 and described in status.
 //!
-//! Built on guest-etcd's code (its snapshot steps, etcd gateway and S3 containers, through
-//! the library without the EtcdCluster plugin's exports): the contract gives each plugin one
+//! Built on `guest-etcd-core`, the etcd plugin's knowledge (its snapshot steps, etcd gateway
+//! and S3 containers): the contract gives each plugin one
 //! target kind, and a kind of its own keeps each plugin's grants and RBAC to what it needs
 //! (this one creates Pods and asks their throwaway etcd; it never touches a cluster).
 //!
@@ -15,7 +15,7 @@ pub mod reconcile;
 pub mod snapshot_pod;
 pub mod spec;
 
-use guest_etcd::etcd_api::{CLIENT_PORT_NAME, GatewayEtcdApi};
+use guest_etcd_core::etcd_api::{CLIENT_PORT_NAME, GatewayEtcdApi};
 use policy_host_sdk::log;
 use policy_host_sdk::prelude::*;
 

@@ -7,11 +7,11 @@
 //! in a loop: a one-shot backup is retried by a new `spec.trigger`, a scheduled one at its
 //! next period.
 
-use guest_etcd::children::object_store::UPLOAD_CONTAINER;
-use guest_etcd::children::{RESTORE_CONTAINER, SAVE_CONTAINER, VERIFY_CONTAINER};
-use guest_etcd::etcd_api::EtcdApi;
-use guest_etcd::pod_steps::{age, exit_summary, ready_since, terminated};
-use guest_etcd::schedule::{due_time_to_record, next_due, parse_rfc3339};
+use guest_etcd_core::children::object_store::UPLOAD_CONTAINER;
+use guest_etcd_core::children::{RESTORE_CONTAINER, SAVE_CONTAINER, VERIFY_CONTAINER};
+use guest_etcd_core::etcd_api::EtcdApi;
+use guest_etcd_core::pod_steps::{age, exit_summary, ready_since, terminated};
+use guest_etcd_core::schedule::{due_time_to_record, next_due, parse_rfc3339};
 use policy_host_sdk::children::pod_kind;
 use policy_host_sdk::conditions::{Condition, rfc3339, set_condition};
 use policy_host_sdk::contract::EventType;

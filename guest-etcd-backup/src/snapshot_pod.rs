@@ -1,7 +1,7 @@
 //! The Pod that takes one snapshot of the cluster behind `spec.etcdEndpoints`, proves it
 //! restores, uploads it and serves it for the plugin to read.
 //!
-//! The same steps as an EtcdCluster's own backup Pod (`guest_etcd::children::backup_pod`),
+//! The same steps as an EtcdCluster's own backup Pod (`guest_etcd_core::children::backup_pod`),
 //! in a scratch volume instead of a backup claim: `save` (`etcdctl snapshot save` from the
 //! first endpoint), `restore` (`etcdutl snapshot restore`, which checks the snapshot's
 //! integrity hash), `upload` (`mc cp`, only after the restore proved it whole), `prune` (with
@@ -9,8 +9,8 @@
 //! `verify`: a throwaway etcd, a cluster of its own on the Pod's loopback, serving the
 //! restored data on the Pod IP for the plugin to ask its revision, size and hash.
 
-use guest_etcd::children::object_store::{UPLOAD_CONTAINER, credentials_env};
-use guest_etcd::children::{
+use guest_etcd_core::children::object_store::{UPLOAD_CONTAINER, credentials_env};
+use guest_etcd_core::children::{
     BACKUP_MOUNT, CLIENT_PORT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_ROLE, PEER_PORT,
     RESTORE_CONTAINER, SAVE_CONTAINER, VERIFY_CONTAINER, VERIFY_MOUNT,
 };

@@ -5,9 +5,9 @@
 //! The doc comments on fields become the field descriptions of the generated CRD schema
 //! (`cargo xtask crdgen`, feature `crd`).
 
-pub use guest_etcd::classic::S3Source;
-use guest_etcd::classic::only_s3;
-use guest_etcd::spec::{
+pub use guest_etcd_core::classic::S3Source;
+use guest_etcd_core::classic::only_s3;
+use guest_etcd_core::spec::{
     Condition, DEFAULT_REPOSITORY, DEFAULT_VERSION, is_dns_subdomain, valid_mc_image,
 };
 use schemars::JsonSchema;

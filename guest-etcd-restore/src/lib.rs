@@ -1,8 +1,8 @@
 //! The `EtcdRestore` plugin for policy-host: the classic etcd-operator's restore resource
 //! (`etcd.database.coreos.com/v1beta2`), a new `EtcdCluster` started from a snapshot in S3.
 //!
-//! Built on guest-etcd's code (its EtcdCluster types, validation and the classic S3 source,
-//! through the library without the EtcdCluster plugin's exports). It creates the cluster as
+//! Built on `guest-etcd-core`, the etcd plugin's knowledge (its EtcdCluster types, validation
+//! and the classic S3 source). It creates the cluster as
 //! its child with `spec.restore.s3` set, and the EtcdCluster plugin does the restoring; so
 //! this plugin's grant is one kind (EtcdCluster) and no pod, port or app-call at all.
 //!
@@ -43,7 +43,7 @@ impl Plugin for EtcdRestorePlugin {
             name: PLUGIN_NAME.to_owned(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             target: target_kind(),
-            children: vec![guest_etcd::target_kind()],
+            children: vec![guest_etcd_core::target_kind()],
             capabilities: Vec::new(),
             wants_finalizer: false,
         }

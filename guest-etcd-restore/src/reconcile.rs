@@ -5,7 +5,7 @@
 //! (scale, upgrade), and re-applying the restore's copy of its spec would undo their edits.
 //! An EtcdRestore restores once: a cluster deleted after success is not made again.
 
-use guest_etcd::spec::Condition;
+use guest_etcd_core::spec::Condition;
 use policy_host_sdk::conditions::set_condition;
 use policy_host_sdk::contract::EventType;
 use policy_host_sdk::prelude::*;
@@ -38,7 +38,7 @@ pub fn reconcile(observation: &Observation) -> Result<Decision, PolicyError> {
         Err(why) => step.refuse(why),
         Ok(restore) => {
             let cluster = observation
-                .child_named(&guest_etcd::target_kind(), &restore.cluster)
+                .child_named(&guest_etcd_core::target_kind(), &restore.cluster)
                 .map(Child::parse::<Value>)
                 .transpose()?;
             match cluster {

@@ -4,9 +4,9 @@
 //! The doc comments on fields become the field descriptions of the generated CRD schema
 //! (`cargo xtask crdgen`, feature `crd`).
 
-pub use guest_etcd::classic::S3Source;
-use guest_etcd::classic::{ValidS3Object, only_s3};
-use guest_etcd::spec::{Condition, EtcdClusterSpec, is_dns_subdomain};
+pub use guest_etcd_core::classic::S3Source;
+use guest_etcd_core::classic::{ValidS3Object, only_s3};
+use guest_etcd_core::spec::{Condition, EtcdClusterSpec, is_dns_subdomain};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -145,7 +145,13 @@ fn setup(root: &Path) -> anyhow::Result<()> {
     );
     run(Command::new("bash").arg(root.join("tests/env/build-binaries.sh")))?;
     step("plugins (wasm32-wasip2)");
-    for plugin in ["guest-etcd", "guest-redis", "misbehaving-policy"] {
+    for plugin in [
+        "guest-etcd",
+        "guest-etcd-backup",
+        "guest-etcd-restore",
+        "guest-redis",
+        "misbehaving-policy",
+    ] {
         let path = policy_host_test_plugins::build(plugin).map_err(|e| anyhow::anyhow!("{e}"))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         eprintln!("built {} ({} KiB)", path.display(), size / 1024);
@@ -157,8 +163,18 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
     let crds = [
         (
             "etcdcluster.yaml",
-            "guest-etcd/src/spec.rs",
+            "guest-etcd-core/src/spec.rs",
             guest_etcd::spec::custom_resource_definition(),
+        ),
+        (
+            "etcdbackup.yaml",
+            "guest-etcd-backup/src/spec.rs",
+            guest_etcd_backup::spec::custom_resource_definition(),
+        ),
+        (
+            "etcdrestore.yaml",
+            "guest-etcd-restore/src/spec.rs",
+            guest_etcd_restore::spec::custom_resource_definition(),
         ),
         (
             "redisreplication.yaml",
@@ -193,45 +209,51 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
 /// Bundles the plugins with the host's own `pack --bundle` command, so each file in
 /// `policies/` is exactly what an admin gets from the CLI: the plugin's generated CRD (from
 /// `deploy/crds/`, so run `crdgen` first), the ClusterRole its kinds need, and the ConfigMap
-/// in namespace `policy-host` with host default limits and the grant each asks for: etcd
-/// app-calls to the `client` port of its own pods (the etcd gateway), redis exchanges with the
-/// `redis` port of its own pods.
+/// in namespace `policy-host` with host default limits and the grant each asks for: etcd and
+/// etcd-backup app-calls to the `client` port of their own pods (the etcd gateway), redis
+/// exchanges with the `redis` port of its own pods, etcd-restore none (it only creates an
+/// EtcdCluster).
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
-    let plugins = [
+    let plugins: [(&str, &str, &[&str], &str, &str); 4] = [
         (
             "guest-etcd",
             "plugin-etcd",
-            "--grant",
-            "client",
+            &["--grant", "client"],
             "deploy/crds/etcdcluster.yaml",
             "policies/etcd.yaml",
         ),
         (
+            "guest-etcd-backup",
+            "plugin-etcd-backup",
+            &["--grant", "client"],
+            "deploy/crds/etcdbackup.yaml",
+            "policies/etcd-backup.yaml",
+        ),
+        (
+            "guest-etcd-restore",
+            "plugin-etcd-restore",
+            &[],
+            "deploy/crds/etcdrestore.yaml",
+            "policies/etcd-restore.yaml",
+        ),
+        (
             "guest-redis",
             "plugin-redis",
-            "--grant-exchange",
-            "redis",
+            &["--grant-exchange", "redis"],
             "deploy/crds/redisreplication.yaml",
             "policies/redis.yaml",
         ),
     ];
-    for (package, config_map, grant_flag, port, crd, file) in plugins {
+    for (package, config_map, grant, crd, file) in plugins {
         step(&format!("build {package} (wasm32-wasip2, plugin profile)"));
         let wasm = policy_host_test_plugins::build(package).map_err(|e| anyhow::anyhow!("{e}"))?;
         step("policy-host pack");
         let output = Command::new(cargo())
             .args(["run", "--quiet", "-p", "policy-host", "--", "pack"])
             .arg(&wasm)
-            .args([
-                "--name",
-                config_map,
-                "--namespace",
-                "policy-host",
-                grant_flag,
-                port,
-                "--bundle",
-                "--crd",
-            ])
+            .args(["--name", config_map, "--namespace", "policy-host"])
+            .args(grant)
+            .args(["--bundle", "--crd"])
             .arg(root.join(crd))
             .output()
             .context("cannot run `cargo run -p policy-host -- pack`")?;

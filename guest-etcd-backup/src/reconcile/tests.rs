@@ -2,7 +2,7 @@
 //! etcd gateway (fakes for pure-logic tests; `tests/e2e/tests/etcd_backup_restore.rs` runs the
 //! real thing).
 
-use guest_etcd::etcd_api::{GatewayEtcdApi, HASH_KV_PATH, STATUS_PATH};
+use guest_etcd_core::etcd_api::{GatewayEtcdApi, HASH_KV_PATH, STATUS_PATH};
 use policy_host_sdk::children::pod_kind;
 use policy_host_sdk::contract::{Action, AppCallRequest, Decision, EventType, Method};
 use policy_host_sdk::testing::{ScriptedAppCall, observation};
@@ -469,4 +469,20 @@ fn specs_that_cannot_be_honoured_are_refused_naming_the_field() {
             "{case}"
         );
     }
+}
+
+#[test]
+fn the_documented_example_is_a_valid_classic_backup() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/etcd-backup.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("deploy/examples/etcd-backup.yaml");
+    let object: crate::spec::EtcdBackupObject = serde_yaml::from_str(&text).expect("parses");
+    let valid = object.spec.validate().expect("valid");
+    assert_eq!(valid.endpoint, "http://example-etcd-cluster-client:2379");
+    assert_eq!(
+        (valid.bucket.as_str(), valid.object.as_str()),
+        ("etcd-backups", "example/etcd.backup")
+    );
 }

@@ -26,7 +26,7 @@ fn classic_spec() -> Value {
 fn decide(parent: Value, cluster: Option<Value>) -> Decision {
     let mut builder = observation(parent);
     if let Some(cluster) = cluster {
-        builder = builder.child(&guest_etcd::target_kind(), cluster);
+        builder = builder.child(&guest_etcd_core::target_kind(), cluster);
     }
     reconcile(&builder.build()).expect("decides")
 }
@@ -237,4 +237,20 @@ fn specs_that_cannot_be_honoured_are_refused_naming_the_field() {
             "{case}"
         );
     }
+}
+
+#[test]
+fn the_documented_example_is_a_valid_classic_restore() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/examples/etcd-restore.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("deploy/examples/etcd-restore.yaml");
+    let object: crate::spec::EtcdRestoreObject = serde_yaml::from_str(&text).expect("parses");
+    let valid = object.spec.validate().expect("valid");
+    assert_eq!(valid.cluster, "restored-etcd-cluster");
+    assert_eq!(
+        valid.cluster_spec["restore"]["s3"]["key"],
+        "example/etcd.backup"
+    );
 }

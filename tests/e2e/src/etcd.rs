@@ -90,20 +90,35 @@ impl EtcdFixture {
         etcdctl_minor: &str,
         name: &str,
     ) -> anyhow::Result<EtcdFixture> {
+        Self::start_with_plugins(
+            prefix,
+            etcdctl_minor,
+            name,
+            &[("guest-etcd", "etcdcluster")],
+        )
+        .await
+    }
+
+    /// As [`EtcdFixture::start`], the host loading each `(plugin package, CRD file stem in
+    /// deploy/crds/)` of `plugins`.
+    pub async fn start_with_plugins(
+        prefix: &str,
+        etcdctl_minor: &str,
+        name: &str,
+        plugins: &[(&str, &str)],
+    ) -> anyhow::Result<EtcdFixture> {
         init_logging();
         let env = shared().await?;
         let client = env.client().await?;
-        install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
+        let mut files = Vec::new();
+        for (package, crd) in plugins {
+            install_crd(&client, &format!("deploy/crds/{crd}.yaml")).await?;
+            files.push(
+                policy_host_test_plugins::build(package).map_err(|e| anyhow::anyhow!("{e}"))?,
+            );
+        }
         let namespace = env.create_namespace(prefix).await?;
-        let plugin =
-            policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-        let host = HostUnderTest::start(
-            env,
-            std::slice::from_ref(&plugin),
-            &namespace,
-            Limits::default(),
-        )
-        .await?;
+        let host = HostUnderTest::start(env, &files, &namespace, Limits::default()).await?;
         let version = etcd_version(env, etcdctl_minor)?;
         let etcdctl = env
             .binaries()

@@ -4,6 +4,7 @@
 
 pub mod etcd;
 pub mod install;
+pub mod minio;
 pub mod plugins;
 
 use std::path::{Path, PathBuf};
