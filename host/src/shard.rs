@@ -217,89 +217,80 @@ mod tests {
         }
     }
 
+    /// One situation: a parent `prod/db` with `label`, among `count` shards.
+    struct Row {
+        situation: &'static str,
+        label: Option<&'static str>,
+        count: u32,
+        shard: Option<u32>,
+        by: AssignedBy,
+    }
+
     #[test]
     fn each_situation_goes_to_its_shard() {
-        let two = shard(1, 2);
-        let hashed = |ns: &str, name: &str| (stable_hash(&format!("{ns}/{name}")) % 2) as u32;
-        // (situation, namespace, name, label, count, expected shard, why)
-        let rows: Vec<(&str, &str, &str, Option<&str>, u32, u32, AssignedBy)> = vec![
-            (
-                "one shard owns everything, labelled or not",
-                "prod",
-                "db",
-                Some("1"),
-                1,
-                0,
-                AssignedBy::OnlyShard,
-            ),
-            (
-                "no label: the hash of namespace/name",
-                "prod",
-                "db",
-                None,
-                2,
-                hashed("prod", "db"),
-                AssignedBy::Hash,
-            ),
-            (
-                "the admin's label wins over the hash (0)",
-                "prod",
-                "db",
-                Some("0"),
-                2,
-                0,
-                AssignedBy::Label,
-            ),
-            (
-                "the admin's label wins over the hash (1)",
-                "prod",
-                "db",
-                Some("1"),
-                2,
-                1,
-                AssignedBy::Label,
-            ),
-            (
-                "a label past the last shard is ignored: the hash",
-                "prod",
-                "db",
-                Some("2"),
-                2,
-                hashed("prod", "db"),
-                AssignedBy::HashOverUnusableLabel("2".into()),
-            ),
-            (
-                "a label that is not a number is ignored: the hash",
-                "prod",
-                "db",
-                Some("one"),
-                2,
-                hashed("prod", "db"),
-                AssignedBy::HashOverUnusableLabel("one".into()),
-            ),
-            (
-                "a negative label is ignored: the hash",
-                "prod",
-                "db",
-                Some("-1"),
-                2,
-                hashed("prod", "db"),
-                AssignedBy::HashOverUnusableLabel("-1".into()),
-            ),
+        let hashed = (stable_hash("prod/db") % 2) as u32;
+        let rows = [
+            Row {
+                situation: "one shard owns everything, labelled or not",
+                label: Some("1"),
+                count: 1,
+                shard: Some(0),
+                by: AssignedBy::OnlyShard,
+            },
+            Row {
+                situation: "no label: the hash of namespace/name",
+                label: None,
+                count: 2,
+                shard: None,
+                by: AssignedBy::Hash,
+            },
+            Row {
+                situation: "the admin's label wins over the hash (0)",
+                label: Some("0"),
+                count: 2,
+                shard: Some(0),
+                by: AssignedBy::Label,
+            },
+            Row {
+                situation: "the admin's label wins over the hash (1)",
+                label: Some("1"),
+                count: 2,
+                shard: Some(1),
+                by: AssignedBy::Label,
+            },
+            Row {
+                situation: "a label past the last shard is ignored: the hash",
+                label: Some("2"),
+                count: 2,
+                shard: None,
+                by: AssignedBy::HashOverUnusableLabel("2".into()),
+            },
+            Row {
+                situation: "a label that is not a number is ignored: the hash",
+                label: Some("one"),
+                count: 2,
+                shard: None,
+                by: AssignedBy::HashOverUnusableLabel("one".into()),
+            },
+            Row {
+                situation: "a negative label is ignored: the hash",
+                label: Some("-1"),
+                count: 2,
+                shard: None,
+                by: AssignedBy::HashOverUnusableLabel("-1".into()),
+            },
         ];
-        for (situation, namespace, name, label, count, expected, by) in rows {
-            let assignment = if count == 1 {
-                Shard::whole().assign(namespace, name, label)
-            } else {
-                two.assign(namespace, name, label)
-            };
+        for row in rows {
+            let assignment = shard(0, row.count).assign("prod", "db", row.label);
             assert_eq!(
                 assignment,
                 Assignment {
-                    shard: expected,
-                    by
+                    // `None`: whatever the hash says.
+                    shard: row.shard.unwrap_or(hashed),
+                    by: row.by
                 },
-                "{situation}"
+                "{}",
+                row.situation
             );
         }
     }
