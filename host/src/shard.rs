@@ -37,7 +37,10 @@
 //! **Not sharded: the child caches.** A child's owner is known, its owner's labels are not, so
 //! each shard still caches every child of its policies (label-selected as before). Sharding
 //! splits the decisions and the parents; the children's memory is paid by every shard
-//! (BENCHMARKS.md, "Two shards on one machine").
+//! (BENCHMARKS.md, "Two shards on one machine"). Nor is plugin loading: every shard's leader
+//! loads the plugin ConfigMaps, records their load Events and publishes `policy-host-status`
+//! (the shards load the same ConfigMaps, so they publish the same plugins; the last writer's
+//! load times stand).
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
