@@ -28,6 +28,7 @@ use crate::observe::cache::{watch_children, watch_parents};
 use crate::observe::{ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
+use crate::shard::Shard;
 
 /// Every finalizer the host sets is this prefix and the policy's name.
 pub const FINALIZER_PREFIX: &str = "policy-host.io/";
@@ -161,6 +162,8 @@ pub struct ControllerOptions {
     /// How long a deleting parent's finalizer is held when its finalize keeps failing or no
     /// loaded policy reconciles its kind (see [`DEFAULT_FINALIZER_GRACE`]).
     pub finalizer_grace: Duration,
+    /// The shard of the parents this host reconciles ([`Shard::whole`]: all of them).
+    pub shard: Shard,
 }
 
 impl Default for ControllerOptions {
@@ -169,6 +172,7 @@ impl Default for ControllerOptions {
             concurrency: 8,
             namespace: None,
             finalizer_grace: DEFAULT_FINALIZER_GRACE,
+            shard: Shard::whole(),
         }
     }
 }
@@ -217,8 +221,12 @@ pub async fn run(
     // reconciles until the *parent* store is ready, and nothing else. A parent decided before
     // its children are listed looks childless, and a plugin then recreates or writes off
     // children that exist (review #1).
-    let (parent_store, parent_stream) =
-        watch_parents(parents, parent_resource.clone(), watcher::Config::default());
+    let (parent_store, parent_stream) = watch_parents(
+        parents,
+        parent_resource.clone(),
+        watcher::Config::default(),
+        options.shard,
+    );
     let parent_stream = parent_stream.applied_objects();
     let parents_listed = parent_store.clone();
     let mut caches = Vec::new();

@@ -17,7 +17,8 @@
 //! - [`act`] — the decision becomes server-side applies, deletes, status and Events;
 //! - [`shadow`] — a candidate plugin decides beside the active one, compared, never acted on.
 //!
-//! Of several replicas, only the one that holds the [`leader`] Lease runs controllers;
+//! Of several replicas, only the one that holds the [`leader`] Lease runs controllers; several
+//! host deployments can split the parents among them as [`shard`]s, each with its own Lease;
 //! [`orphans`] releases the finalizers of plugins that are gone. Around them: [`admin`] (health, readiness, metrics), [`metrics`], [`telemetry`], and
 //! [`plugin_cli`] (`pack`, `validate`, `simulate` for plugin authors).
 
@@ -29,6 +30,7 @@ pub mod leader;
 pub mod load;
 pub mod orphans;
 pub mod policy_store;
+pub mod shard;
 pub mod supervisor;
 
 // One reconcile, in data-path order (one line each: rustfmt sorts a group alphabetically).
@@ -125,7 +127,9 @@ pub struct Settings {
     pub admin_addr: Option<SocketAddr>,
     /// Controller options.
     pub controller: ControllerOptions,
-    /// Leader election among replicas (`None`: this replica always leads).
+    /// Leader election among replicas (`None`: this replica always leads). With several
+    /// shards (`controller.shard`), the Lease's name is the base of each shard's own:
+    /// `<name>-shard-<index>` ([`shard::Shard::lease_name`]), so shards never share a Lease.
     pub leader_election: Option<LeaseSettings>,
     /// The keys plugin ConfigMaps must be signed by (empty: any pack loads).
     pub trust: load::trust::TrustPolicy,
@@ -216,8 +220,13 @@ pub async fn run(
         });
     }
 
+    let shard = settings.controller.shard;
+    if shard.count() > 1 {
+        tracing::info!(%shard, "reconciling only this shard's parents");
+    }
     let (mut elector, leadership) = match settings.leader_election.clone() {
-        Some(lease) => {
+        Some(mut lease) => {
+            lease.name = shard.lease_name(&lease.name);
             let (elector, leadership) = LeaseElector::new(client.clone(), lease);
             health.standby(true);
             (Some(elector), leadership)

@@ -11,6 +11,7 @@ use policy_host::decide::{Limits, Sandbox};
 use policy_host::leader::{self, LeaseSettings};
 use policy_host::load::pack::LimitsSpec;
 use policy_host::plugin_cli;
+use policy_host::shard::Shard;
 use policy_host::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -56,9 +57,18 @@ enum Command {
         /// leader election is off and this process always leads: run one replica only.
         #[arg(long, env = "POD_NAMESPACE")]
         lease_namespace: Option<String>,
-        /// Name of the leader-election Lease; replicas of one deployment share it.
+        /// Name of the leader-election Lease; replicas of one deployment share it. With
+        /// --shards above 1, each shard's replicas elect through `<lease-name>-shard-<shard>`.
         #[arg(long, default_value = "policy-host")]
         lease_name: String,
+        /// Split the parents among this many host deployments (shards): a parent labelled
+        /// `policy-host.io/shard=<i>` belongs to shard i, any other to a stable hash of its
+        /// namespace and name. Every deployment must be given the same number.
+        #[arg(long, default_value_t = 1, env = "POLICY_HOST_SHARDS")]
+        shards: u32,
+        /// The shard this deployment reconciles, 0 to --shards minus 1.
+        #[arg(long, default_value_t = 0, env = "POLICY_HOST_SHARD")]
+        shard: u32,
         /// Take part in leader election (`--leader-election false`: always lead).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         leader_election: bool,
@@ -261,9 +271,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             namespace,
             lease_namespace,
             lease_name,
+            shards,
+            shard,
             leader_election,
             trusted_keys,
         } => {
+            let shard = Shard::new(shard, shards)?;
             if policies.is_empty() && plugin_namespace.is_none() {
                 anyhow::bail!(
                     "nothing to load: give --policy plugin.wasm, or --plugin-namespace (or POD_NAMESPACE) to load plugin ConfigMaps"
@@ -289,6 +302,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 controller: ControllerOptions {
                     concurrency,
                     namespace,
+                    shard,
                     ..ControllerOptions::default()
                 },
                 leader_election: match lease_namespace.filter(|_| leader_election) {

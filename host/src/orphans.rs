@@ -19,22 +19,23 @@ use serde_json::json;
 
 use crate::act::Executor;
 use crate::contract::{Event, EventType, PolicyInfo};
-use crate::controller::{FINALIZER_PREFIX, deleting_for};
+use crate::controller::{ControllerOptions, FINALIZER_PREFIX, deleting_for};
 use crate::policy_store::PolicyStore;
 
 /// Releases the finalizer of `policy` (no longer loaded, last seen as `label` reconciling
-/// `info.target`) from parents deleting for longer than `grace`, until `shutdown`.
+/// `info.target`) from parents of `options.shard` (in `options.namespace`, or all) deleting
+/// for longer than `options.finalizer_grace`, until `shutdown`.
 pub async fn release(
     client: Client,
     store: PolicyStore,
     policy: String,
     label: String,
     info: PolicyInfo,
-    namespace: Option<String>,
-    grace: Duration,
+    options: ControllerOptions,
 ) {
+    let grace = options.finalizer_grace;
     let resource = crate::act::api_resource(&info.target);
-    let parents: Api<DynamicObject> = match namespace.as_deref() {
+    let parents: Api<DynamicObject> = match options.namespace.as_deref() {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
@@ -52,8 +53,10 @@ pub async fn release(
                 None => break,
                 Some(Err(error)) => tracing::warn!(policy = %policy, %error, "watching parents for orphaned finalizers failed; retrying"),
                 Some(Ok(parent)) => {
+                    // Another shard's parent is that shard's to release.
                     if parent.meta().deletion_timestamp.is_none()
                         || !parent.finalizers().contains(&finalizer)
+                        || !options.shard.owns(&parent)
                     {
                         continue;
                     }

@@ -150,8 +150,7 @@ pub async fn supervise(
                                 name,
                                 last.plugin.label().to_string(),
                                 last.plugin.info().clone(),
-                                options.namespace.clone(),
-                                options.finalizer_grace,
+                                options.clone(),
                             )),
                         ),
                     );

@@ -1,6 +1,7 @@
 //! The watch caches observations are built from: how the API server's watch streams fill them
 //! (one for the parents, one per declared child kind), what is dropped on the way in, and the
-//! owner index kept beside each child cache.
+//! owner index kept beside each child cache. Of the parents, only this host's shard's are
+//! kept ([`crate::shard`]).
 //!
 //! The controller and the scale bench both build their caches here, so the bench measures the
 //! caches the host runs with.
@@ -16,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::is_controlled_by;
 use super::owner_index::{OwnerIndex, OwnerIndexWriter};
 use crate::contract::KindRef;
+use crate::shard::{AssignedBy, SHARD_LABEL, Shard};
 
 /// The watch cache of one declared child kind.
 #[derive(Clone)]
@@ -109,11 +111,14 @@ pub fn watch_children(
     (cache, stream)
 }
 
-/// Watches `api` for the parents into a new store, as [`watch_children`] does for children.
+/// Watches `api` for the parents into a new store, as [`watch_children`] does for children,
+/// keeping only the parents `shard` owns: the store, and the applied objects the controller
+/// turns into reconciles, never hold another shard's parent.
 pub fn watch_parents(
     api: Api<DynamicObject>,
     resource: ApiResource,
     config: watcher::Config,
+    shard: Shard,
 ) -> (
     Store<DynamicObject>,
     impl Stream<Item = CachedEvents> + Send + 'static,
@@ -123,8 +128,39 @@ pub fn watch_parents(
     let stream = watcher(api, config)
         .default_backoff()
         .modify(drop_managed_fields)
+        .try_filter_map(move |event| std::future::ready(Ok(keep_shard(event, &shard))))
         .reflect(writer);
     (store, stream)
+}
+
+/// The watch event as `shard` passes it on, if at all. A parent of another shard is dropped
+/// from a (re-)list, and its change becomes a delete: a parent whose label just moved it away
+/// leaves this shard's store (a delete of one never stored changes nothing).
+fn keep_shard(
+    event: watcher::Event<DynamicObject>,
+    shard: &Shard,
+) -> Option<watcher::Event<DynamicObject>> {
+    use watcher::Event;
+    let owned = |parent: &DynamicObject| {
+        let assignment = shard.assign_parent(parent);
+        if let AssignedBy::HashOverUnusableLabel(label) = &assignment.by
+            && assignment.shard == shard.index()
+        {
+            tracing::warn!(
+                parent = %format!("{}/{}", parent.namespace().unwrap_or_default(), parent.name_any()),
+                %label,
+                shards = shard.count(),
+                "the parent's {SHARD_LABEL} label names no shard (0 to {}); {shard} reconciles it by hash",
+                shard.count() - 1
+            );
+        }
+        assignment.shard == shard.index()
+    };
+    match event {
+        Event::Apply(parent) if !owned(&parent) => Some(Event::Delete(parent)),
+        Event::InitApply(parent) if !owned(&parent) => None,
+        event => Some(event),
+    }
 }
 
 /// `metadata.managedFields` are the API server's record of who set which field, a third of a
@@ -133,4 +169,82 @@ pub fn watch_parents(
 /// than emptied: an empty list would reach the plugin as `"managedFields": []`.
 fn drop_managed_fields(object: &mut DynamicObject) {
     object.metadata.managed_fields = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+
+    fn parent(name: &str, shard_label: Option<&str>) -> DynamicObject {
+        let mut parent = DynamicObject::new(
+            name,
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        )
+        .within("prod");
+        if let Some(label) = shard_label {
+            parent
+                .labels_mut()
+                .insert(SHARD_LABEL.to_string(), label.to_string());
+        }
+        parent
+    }
+
+    fn kind(event: &Option<Event<DynamicObject>>) -> &'static str {
+        match event {
+            None => "dropped",
+            Some(Event::Apply(_)) => "apply",
+            Some(Event::Delete(_)) => "delete",
+            Some(Event::Init) => "init",
+            Some(Event::InitApply(_)) => "init-apply",
+            Some(Event::InitDone) => "init-done",
+        }
+    }
+
+    #[test]
+    fn each_watch_event_reaches_the_store_of_its_shard_only() {
+        let zero = Shard::new(0, 2).expect("a valid shard");
+        // (situation, event, what shard 0's store receives)
+        let rows = [
+            (
+                "its own parent changed",
+                Event::Apply(parent("a", Some("0"))),
+                "apply",
+            ),
+            (
+                "a parent moved to shard 1 by its label leaves the store",
+                Event::Apply(parent("a", Some("1"))),
+                "delete",
+            ),
+            (
+                "its own parent listed",
+                Event::InitApply(parent("a", Some("0"))),
+                "init-apply",
+            ),
+            (
+                "another shard's parent listed is not stored",
+                Event::InitApply(parent("a", Some("1"))),
+                "dropped",
+            ),
+            (
+                "a delete passes either way",
+                Event::Delete(parent("a", Some("1"))),
+                "delete",
+            ),
+            ("a re-list starts", Event::Init, "init"),
+            ("a re-list ends", Event::InitDone, "init-done"),
+        ];
+        for (situation, event, expected) in rows {
+            assert_eq!(kind(&keep_shard(event, &zero)), expected, "{situation}");
+        }
+    }
+
+    #[test]
+    fn the_only_shard_keeps_every_parent() {
+        for label in [None, Some("1"), Some("x")] {
+            let event = keep_shard(Event::Apply(parent("a", label)), &Shard::whole());
+            assert_eq!(kind(&event), "apply", "label {label:?}");
+        }
+    }
 }

@@ -22,10 +22,16 @@
 //! through the owner index and by the scan of every cached child that `observe` did before
 //! the index, on the same caches.
 //!
+//! With `SCALE_BENCH_SHARDS=2` each step is measured by two host processes at once, shard 0
+//! and shard 1 of 2 (`policy_host::shard`), on this one machine: each keeps only its shard's
+//! parents (the host's own filter in `watch_parents`) and every child, they wait for each
+//! other once synced so that their rounds overlap, and a row per shard is followed by the two
+//! together (decisions summed; decisions per CPU-second over both processes' CPU time).
+//!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench scale`.
 //! `SCALE_BENCH_STEPS` (default `1,10,100,1000`), `SCALE_BENCH_SECONDS` (per round, default 5),
-//! `SCALE_BENCH_ROUNDS` (default 3), `SCALE_BENCH_CONCURRENCY` (default 8). Each step is
-//! measured by a fresh host process.
+//! `SCALE_BENCH_ROUNDS` (default 3), `SCALE_BENCH_CONCURRENCY` (default 8),
+//! `SCALE_BENCH_SHARDS` (default 1). Each step is measured by fresh host processes.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -55,6 +61,7 @@ use policy_host::load::artifact_cache::ArtifactCache;
 use policy_host::load::pack::sha256_hex;
 use policy_host::observe::cache::{watch_children, watch_parents};
 use policy_host::observe::{ChildCache, Observed, is_controlled_by, observe};
+use policy_host::shard::Shard;
 
 /// Set (to a JSON configuration) in the child process that plays the host.
 const HOST_CHILD: &str = "SCALE_BENCH_HOST";
@@ -117,13 +124,14 @@ struct HostCaches {
 }
 
 impl HostCaches {
-    async fn start(client: &Client, namespace: &str, plugin: Plugin) -> Result<Self> {
+    async fn start(client: &Client, namespace: &str, plugin: Plugin, shard: Shard) -> Result<Self> {
         let info = plugin.info().clone();
         let mut tasks = Vec::new();
         let parent_resource = api_resource(&info.target);
         let api =
             Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &parent_resource);
-        let (parents, stream) = watch_parents(api, parent_resource, watcher::Config::default());
+        let (parents, stream) =
+            watch_parents(api, parent_resource, watcher::Config::default(), shard);
         tasks.push(tokio::spawn(stream.for_each(|_| async {})));
         let mut caches = Vec::new();
         for kind in &info.children {
@@ -350,16 +358,22 @@ async fn bench() -> Result<()> {
         .context("loading guest-etcd")?;
     let policy = plugin.info().name.clone();
     let executor = Executor::new(client.clone(), plugin.label(), plugin.info());
-    let host = HostCaches::start(&client, &namespace, plugin).await?;
+    let host = HostCaches::start(&client, &namespace, plugin, Shard::whole()).await?;
+    let shards: u32 = env_or("SCALE_BENCH_SHARDS", 1);
+    let shards: Vec<Shard> = (0..shards)
+        .map(|i| Shard::new(i, shards))
+        .collect::<Result<_, _>>()
+        .context("SCALE_BENCH_SHARDS")?;
 
     println!(
-        "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}"
+        "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}, {} shard(s)",
+        shards.len()
     );
     println!(
-        "| clusters | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe alone p50 µs | observe p50 µs | observe p99 µs | children by index p50 µs | children by scan p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
+        "| clusters | shard | parents held | objects cached | sync ms | RSS synced MiB | RSS after decisions MiB | decisions/s (median) | rounds | decisions per CPU-second | observation B | observe alone p50 µs | observe p50 µs | observe p99 µs | children by index p50 µs | children by scan p50 µs | decide p50 µs | steady | reconcile+act/s (setup pass) |"
     );
     println!(
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
     );
     let mut created = 0;
     for &target in &steps {
@@ -373,7 +387,7 @@ async fn bench() -> Result<()> {
         // second starts from that status (the steady state), and is timed.
         let mut act_rate = 0.0;
         for pass in 0..2 {
-            wait_cached(&host, target, pass > 0).await?;
+            wait_cached(&host, target, target, pass > 0).await?;
             let parents: Vec<Arc<DynamicObject>> = host
                 .parents()
                 .into_iter()
@@ -396,7 +410,7 @@ async fn bench() -> Result<()> {
             .await?;
             act_rate = parents.len() as f64 / pass_started.elapsed().as_secs_f64();
         }
-        wait_cached(&host, target, true).await?;
+        wait_cached(&host, target, target, true).await?;
         created = target;
         eprintln!(
             "[scale] {target} clusters in the API server ({} new written in {:.1} s); measuring",
@@ -404,51 +418,96 @@ async fn bench() -> Result<()> {
             wrote.as_secs_f64()
         );
 
-        let config = json!({
-            "kubeconfig": env.kubeconfig_path(),
-            "namespace": namespace,
-            "wasm": wasm,
-            "cache": cache_dir,
-            "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
-            "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
-            "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
-            "expect": target,
+        let all: Vec<String> = (0..target).map(|i| format!("c{i:05}")).collect();
+        let barrier = std::env::temp_dir().join(format!(
+            "scale-bench-barrier-{}-{target}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&barrier)?;
+        let children = shards.iter().map(|shard| {
+            let held = all
+                .iter()
+                .filter(|name| shard.assign(&namespace, name, None).shard == shard.index())
+                .count();
+            let config = json!({
+                "kubeconfig": env.kubeconfig_path(),
+                "namespace": namespace,
+                "wasm": wasm,
+                "cache": cache_dir,
+                "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),
+                "rounds": env_or("SCALE_BENCH_ROUNDS", 3usize),
+                "concurrency": env_or("SCALE_BENCH_CONCURRENCY", 8usize),
+                "expect": held,
+                "total": target,
+                "shard": shard.index(),
+                "shards": shard.count(),
+                "barrier": barrier,
+            });
+            async move {
+                let child = tokio::process::Command::new(std::env::current_exe()?)
+                    .env(HOST_CHILD, config.to_string())
+                    .stderr(std::process::Stdio::inherit())
+                    .output()
+                    .await?;
+                let stdout = String::from_utf8_lossy(&child.stdout);
+                if !child.status.success() {
+                    return Err(anyhow!(
+                        "the host process of {shard} for {target} clusters failed ({}): {stdout}",
+                        child.status
+                    ));
+                }
+                let report: Value = serde_json::from_str(stdout.trim())
+                    .with_context(|| format!("the host process printed {stdout}"))?;
+                anyhow::Ok((*shard, report))
+            }
         });
-        let child = tokio::process::Command::new(std::env::current_exe()?)
-            .env(HOST_CHILD, config.to_string())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .await?;
-        let stdout = String::from_utf8_lossy(&child.stdout);
-        if !child.status.success() {
-            return Err(anyhow!(
-                "the host process for {target} clusters failed ({}): {stdout}",
-                child.status
-            ));
+        let reports = futures::future::try_join_all(children).await?;
+        let _ = std::fs::remove_dir_all(&barrier);
+        for (shard, report) in &reports {
+            let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
+            let which = if shard.count() == 1 {
+                "all".to_string()
+            } else {
+                format!("{} of {}", shard.index(), shard.count())
+            };
+            println!(
+                "| {target} | {which} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
+                report["clusters"],
+                report["objects"],
+                report["sync_ms"],
+                number("rss_synced_mib"),
+                number("rss_after_mib"),
+                number("rate_median"),
+                report["rates"],
+                number("per_cpu_second"),
+                report["observation_bytes"],
+                number("observe_alone_p50_us"),
+                number("observe_p50_us"),
+                number("observe_p99_us"),
+                number("index_lookup_p50_us"),
+                number("scan_lookup_p50_us"),
+                number("decide_p50_us"),
+                report["steady"],
+                report["checked"],
+            );
+            eprintln!("[scale] {target} ({which}): {report}");
         }
-        let report: Value = serde_json::from_str(stdout.trim())
-            .with_context(|| format!("the host process printed {stdout}"))?;
-        let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
-        println!(
-            "| {target} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
-            report["objects"],
-            report["sync_ms"],
-            number("rss_synced_mib"),
-            number("rss_after_mib"),
-            number("rate_median"),
-            report["rates"],
-            number("per_cpu_second"),
-            report["observation_bytes"],
-            number("observe_alone_p50_us"),
-            number("observe_p50_us"),
-            number("observe_p99_us"),
-            number("index_lookup_p50_us"),
-            number("scan_lookup_p50_us"),
-            number("decide_p50_us"),
-            report["steady"],
-            report["checked"],
-        );
-        eprintln!("[scale] {target}: {report}");
+        if reports.len() > 1 {
+            let sum = |key: &str| -> f64 {
+                reports
+                    .iter()
+                    .map(|(_, r)| r[key].as_f64().unwrap_or(0.0))
+                    .sum()
+            };
+            println!(
+                "| {target} | together | {} | | | {:.1} | {:.1} | {:.0} | | {:.0} | | | | | | | | | |",
+                sum("clusters"),
+                sum("rss_synced_mib"),
+                sum("rss_after_mib"),
+                sum("rate_median"),
+                sum("decisions") / sum("cpu_seconds").max(0.01),
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&cache_dir);
     Ok(())
@@ -575,15 +634,15 @@ fn etcd_clusters() -> kube::api::ApiResource {
     )
 }
 
-/// Waits until the caches hold `clusters` parents with their pods, and (with `acted`) the
-/// Services, budgets and statuses the first pass wrote.
-async fn wait_cached(host: &HostCaches, clusters: usize, acted: bool) -> Result<()> {
+/// Waits until the caches hold `held` parents (this shard's) and the pods of all `clusters`,
+/// and (with `acted`) the Services, budgets and statuses the first pass wrote.
+async fn wait_cached(host: &HostCaches, held: usize, clusters: usize, acted: bool) -> Result<()> {
     policy_host_testenv::wait_for(
-        &format!("{clusters} clusters in the watch caches"),
+        &format!("{held} of {clusters} clusters in the watch caches"),
         Duration::from_secs(300),
         || async {
             let parents = host.parents();
-            let ok = parents.len() == clusters
+            let ok = parents.len() == held
                 && host.cached("Pod") == clusters * MEMBERS
                 && (!acted
                     || (host.cached("Service") == 2 * clusters
@@ -622,12 +681,23 @@ async fn host_child(config: Value) -> Result<Value> {
         .await?;
     let rss_loaded = status_kib("VmRSS:");
     let started = Instant::now();
-    let host = HostCaches::start(&client, &namespace, plugin).await?;
-    let expect = config["expect"].as_u64().unwrap_or(0) as usize;
-    wait_cached(&host, expect, true).await?;
+    let number = |key: &str| config[key].as_u64().unwrap_or(0);
+    let shard = Shard::new(number("shard") as u32, number("shards").max(1) as u32)?;
+    let host = HostCaches::start(&client, &namespace, plugin, shard).await?;
+    let (expect, total) = (number("expect") as usize, number("total") as usize);
+    wait_cached(&host, expect, total, true).await?;
     let sync_ms = started.elapsed().as_millis();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_synced = status_kib("VmRSS:");
+    // The shards' rounds overlap: each waits here until every shard has synced.
+    let barrier = path("barrier")?;
+    std::fs::write(barrier.join(format!("synced-{}", shard.index())), b"")?;
+    policy_host_testenv::wait_for("every shard synced", Duration::from_secs(600), || async {
+        (0..shard.count())
+            .all(|i| barrier.join(format!("synced-{i}")).exists())
+            .then_some(())
+    })
+    .await?;
 
     let parents = host.parents();
     let scripts: Vec<AppCallScript> = parents.iter().map(|p| host.script(p)).collect();
@@ -685,6 +755,7 @@ async fn host_child(config: Value) -> Result<Value> {
     let concurrency = config["concurrency"].as_u64().unwrap_or(8) as usize;
     let mut rates = Vec::new();
     let mut cpu_rates = Vec::new();
+    let (mut all_decisions, mut all_cpu) = (0usize, Duration::ZERO);
     let (mut observe_times, mut decide_times) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let next = Arc::new(AtomicUsize::new(0));
@@ -714,8 +785,11 @@ async fn host_child(config: Value) -> Result<Value> {
                 decide_times.push(d);
             }
         }
+        let cpu = cpu_time() - cpu_started;
         rates.push(decisions as f64 / round_started.elapsed().as_secs_f64());
-        cpu_rates.push(decisions as f64 / (cpu_time() - cpu_started).as_secs_f64().max(0.01));
+        cpu_rates.push(decisions as f64 / cpu.as_secs_f64().max(0.01));
+        all_decisions += decisions;
+        all_cpu += cpu;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = status_kib("VmRSS:");
@@ -733,6 +807,9 @@ async fn host_child(config: Value) -> Result<Value> {
         "rates": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
         "rate_median": median(rates.clone()),
         "per_cpu_second": median(cpu_rates.clone()),
+        "decisions": all_decisions,
+        "cpu_seconds": all_cpu.as_secs_f64(),
+        "shard": shard.to_string(),
         "observation_bytes": observation_bytes / parents.len().max(1),
         "index_lookup_p50_us": micros(percentile(&mut index_times, 50)),
         "scan_lookup_p50_us": micros(percentile(&mut scan_times, 50)),

@@ -1,0 +1,58 @@
+//! The `policy-host` command line refuses, at start and before it reaches any cluster, a shard
+//! combination that names no shard, and says what to write instead.
+
+use std::process::Command;
+
+/// Runs `policy-host run` with `args` and no reachable cluster; returns (success, stderr).
+fn run(args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .arg("run")
+        .args(args)
+        .args(["--policy", "/nonexistent/plugin.wasm"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("POD_NAMESPACE")
+        .env_remove("POLICY_HOST_SHARDS")
+        .env_remove("POLICY_HOST_SHARD")
+        .output()
+        .expect("the policy-host binary runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_shard_past_the_last_fails_at_start_and_says_what_to_write() {
+    let (succeeded, stderr) = run(&["--shards", "2", "--shard", "2"]);
+    assert!(!succeeded, "--shard 2 of 2 started");
+    assert!(
+        stderr.contains("--shard 2 is not a shard of --shards 2")
+            && stderr.contains("one of --shard 0 to --shard 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn zero_shards_fail_at_start_and_say_what_to_write() {
+    let (succeeded, stderr) = run(&["--shards", "0"]);
+    assert!(!succeeded, "--shards 0 started");
+    assert!(stderr.contains("write --shards 1"), "{stderr}");
+}
+
+#[test]
+fn the_shard_can_come_from_the_environment() {
+    let output = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .args(["run", "--policy", "/nonexistent/plugin.wasm"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("POLICY_HOST_SHARDS", "3")
+        .env("POLICY_HOST_SHARD", "5")
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .expect("the policy-host binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("--shard 5 is not a shard of --shards 3"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,402 @@
+//! Two shards against one cluster: every parent is reconciled by the one shard it belongs to
+//! (by the hash of its namespace and name, or by the admin's `policy-host.io/shard` label); a
+//! parent whose label moves it is left by the old shard and taken by the new one; and when a
+//! shard's leader dies, that shard's standby takes over within the lease duration while the
+//! other shard goes on. Real kube-apiserver, real Leases (one per shard), the misbehaving test
+//! plugin in its `ok` behaviour (applies `<parent>-out`, sets status, on every reconcile).
+//!
+//! Which host wrote for which parent is read from each host's own API requests: a layer on its
+//! kube client records the method and path of every request that is not a read. A write for a
+//! parent is one to the parent itself (its finalizer), its status, or its `<parent>-out`.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use policy_host::decide::Limits;
+use policy_host::leader::LeaseSettings;
+use policy_host::shard::{SHARD_LABEL, Shard};
+use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
+use policy_host_testenv::{TestEnv, shared};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(90);
+/// The base Lease name; each shard elects through `policy-host-shard-<i>`.
+const LEASE: &str = "policy-host";
+const SHARDS: u32 = 2;
+/// Parents assigned by hash, per shard.
+const HASHED_PER_SHARD: usize = 3;
+
+/// The writes one host sent to the API server, as `METHOD path`.
+#[derive(Clone, Default)]
+struct Writes(Arc<Mutex<Vec<String>>>);
+
+impl Writes {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// How many of the writes from the `since`-th on were for the parent `name`.
+    fn for_parent_since(&self, name: &str, since: usize) -> usize {
+        let own = [
+            format!("/probes/{name}"),
+            format!("/probes/{name}/status"),
+            format!("/configmaps/{name}-out"),
+        ];
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .skip(since)
+            .filter(|write| own.iter().any(|path| write.ends_with(path.as_str())))
+            .count()
+    }
+
+    fn for_parent(&self, name: &str) -> usize {
+        self.for_parent_since(name, 0)
+    }
+}
+
+/// A client service that records every non-GET request into [`Writes`].
+struct RecordWrites<S> {
+    inner: S,
+    writes: Writes,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RecordWrites<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.method() != http::Method::GET {
+            self.writes
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!("{} {}", request.method(), request.uri().path()));
+        }
+        self.inner.call(request)
+    }
+}
+
+/// One replica of one shard, and the writes it sent.
+struct Replica {
+    name: &'static str,
+    host: HostUnderTest,
+    writes: Writes,
+}
+
+async fn start(
+    env: &TestEnv,
+    namespace: &str,
+    identity: &'static str,
+    shard: u32,
+    plugin: &std::path::Path,
+) -> anyhow::Result<Replica> {
+    let writes = Writes::default();
+    let recorded = writes.clone();
+    let client: Client = kube::client::ClientBuilder::try_from(env.kube_config().await?)?
+        .with_layer(&tower::layer::layer_fn(move |inner| RecordWrites {
+            inner,
+            writes: recorded.clone(),
+        }))
+        .build();
+    let base = HostUnderTest::settings(namespace, Limits::default())?;
+    let settings = policy_host::Settings {
+        policy_files: vec![plugin.to_path_buf()],
+        // The base name: the host elects through this shard's own Lease.
+        leader_election: Some(LeaseSettings::new(namespace, LEASE, identity)),
+        controller: policy_host::controller::ControllerOptions {
+            shard: Shard::new(shard, SHARDS)?,
+            ..base.controller.clone()
+        },
+        ..base
+    };
+    let host = HostUnderTest::start_with_client(client, settings).await?;
+    Ok(Replica {
+        name: identity,
+        host,
+        writes,
+    })
+}
+
+async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+async fn wait_leading(replica: &Replica, timeout: Duration) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    eventually(&format!("{} leads", replica.name), timeout, || async {
+        if replica.host.running.leadership.is_leader() {
+            Ok(started.elapsed())
+        } else {
+            Err("standing by".to_string())
+        }
+    })
+    .await
+}
+
+/// A parent and the shard it must be reconciled by.
+struct Parent {
+    name: String,
+    label: Option<u32>,
+    shard: u32,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_hands_over()
+-> anyhow::Result<()> {
+    init_logging();
+    let env = shared().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("shards").await?;
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let probes_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &probes());
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let apply_probe = |name: String, label: Option<u32>, round: u32| {
+        let probes_api = probes_api.clone();
+        async move {
+            let labels = label.map_or(json!({}), |shard| json!({ SHARD_LABEL: shard.to_string() }));
+            let object = json!({
+                "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                "metadata": { "name": name, "labels": labels },
+                "spec": { "behaviour": "ok", "round": round }
+            });
+            probes_api
+                .patch(
+                    &name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+        }
+    };
+
+    // The parents: HASHED_PER_SHARD per shard by hash (the namespace's name is random, so the
+    // names are picked by the host's own assignment), and one per shard pinned by label to
+    // the shard its hash does not choose, so the label visibly wins.
+    let any = Shard::new(0, SHARDS)?;
+    let mut parents: Vec<Parent> = Vec::new();
+    let mut hashed = [0usize; SHARDS as usize];
+    let mut pinned = [false; SHARDS as usize];
+    for n in 0.. {
+        if hashed.iter().all(|&h| h == HASHED_PER_SHARD) && pinned.iter().all(|&p| p) {
+            break;
+        }
+        let name = format!("p{n}");
+        let by_hash = any.assign(&namespace, &name, None).shard;
+        let other = (by_hash + 1) % SHARDS;
+        if !pinned[other as usize] {
+            pinned[other as usize] = true;
+            parents.push(Parent {
+                name,
+                label: Some(other),
+                shard: other,
+            });
+        } else if hashed[by_hash as usize] < HASHED_PER_SHARD {
+            hashed[by_hash as usize] += 1;
+            parents.push(Parent {
+                name,
+                label: None,
+                shard: by_hash,
+            });
+        }
+    }
+
+    // Shard 0: a leader and a standby; shard 1: a leader. Each shard has its own Lease.
+    let a0 = start(env, &namespace, "shard0-a", 0, &plugin).await?;
+    let a1 = start(env, &namespace, "shard1-a", 1, &plugin).await?;
+    wait_leading(&a0, WAIT).await?;
+    wait_leading(&a1, WAIT).await?;
+    let b0 = start(env, &namespace, "shard0-b", 0, &plugin).await?;
+    assert_eq!(
+        holder(&leases, "policy-host-shard-0").await.as_deref(),
+        Some("shard0-a")
+    );
+    assert_eq!(
+        holder(&leases, "policy-host-shard-1").await.as_deref(),
+        Some("shard1-a")
+    );
+    assert!(
+        leases.get_opt(LEASE).await?.is_none(),
+        "a sharded host elected through the unsharded Lease"
+    );
+
+    for parent in &parents {
+        apply_probe(parent.name.clone(), parent.label, 1).await?;
+    }
+    eventually("every parent reconciled", WAIT, || async {
+        let mut waiting = Vec::new();
+        for parent in &parents {
+            let out = config_maps
+                .get_opt(&format!("{}-out", parent.name))
+                .await
+                .map_err(|e| e.to_string())?;
+            let probe = probes_api
+                .get(&parent.name)
+                .await
+                .map_err(|e| e.to_string())?;
+            if out.is_none() || probe.data.get("status").is_none() {
+                waiting.push(parent.name.clone());
+            }
+        }
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not yet: {waiting:?}"))
+        }
+    })
+    .await?;
+    let leaders = [&a0, &a1];
+    for parent in &parents {
+        let writers: BTreeSet<&str> = [&a0, &a1, &b0]
+            .iter()
+            .filter(|r| r.writes.for_parent(&parent.name) > 0)
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(
+            writers,
+            BTreeSet::from([leaders[parent.shard as usize].name]),
+            "{} (label {:?}) must be reconciled by shard {} alone",
+            parent.name,
+            parent.label,
+            parent.shard
+        );
+    }
+    assert!(
+        !b0.host.running.leadership.is_leader(),
+        "two replicas of shard 0 lead at once"
+    );
+
+    // The admin moves a shard-0 parent to shard 1 with the label: shard 1 takes it and
+    // reconciles each of its next changes; shard 0 starts no reconcile of it any more. One
+    // reconcile shard 0 had in flight at the move may still finish (at most its `-out` apply
+    // and its status, 2 writes); a shard 0 still reconciling the parent would write on each
+    // of the 4 changes.
+    let moved = parents
+        .iter()
+        .find(|p| p.shard == 0 && p.label.is_none())
+        .map(|p| p.name.clone())
+        .ok_or_else(|| anyhow::anyhow!("no hashed parent on shard 0"))?;
+    assert_eq!(a1.writes.for_parent(&moved), 0);
+    let a0_before_move = a0.writes.len();
+    for round in 1..=4 {
+        let a1_mark = a1.writes.len();
+        apply_probe(moved.clone(), Some(1), round).await?;
+        eventually(
+            &format!("shard 1 reconciles the moved parent's change {round}"),
+            WAIT,
+            || async {
+                match a1.writes.for_parent_since(&moved, a1_mark) {
+                    0 => Err("not yet".to_string()),
+                    _ => Ok(()),
+                }
+            },
+        )
+        .await?;
+    }
+    let a0_after_move = a0.writes.for_parent_since(&moved, a0_before_move);
+    assert!(
+        a0_after_move <= 2,
+        "shard 0 wrote {a0_after_move} times for {moved} after its label moved it to shard 1"
+    );
+
+    // Shard 0's leader dies without a word: its standby takes shard 0 within the lease
+    // duration and reconciles shard 0's parents; shard 1 is untouched.
+    let (a1_mark, b0_mark) = (a1.writes.len(), b0.writes.len());
+    assert_eq!(b0_mark, 0, "the standby wrote while it stood by");
+    let died = Instant::now();
+    a0.host.kill();
+    let takeover = wait_leading(&b0, Duration::from_secs(30)).await?;
+    println!("figure: shard 0's leader killed -> its standby leads took {takeover:?}");
+    assert_eq!(
+        holder(&leases, "policy-host-shard-0").await.as_deref(),
+        Some("shard0-b")
+    );
+    let shard0: Vec<&Parent> = parents
+        .iter()
+        .filter(|p| p.shard == 0 && p.name != moved)
+        .collect();
+    eventually(
+        "shard 0's standby reconciles shard 0's parents",
+        WAIT,
+        || async {
+            let waiting: Vec<&str> = shard0
+                .iter()
+                .filter(|p| b0.writes.for_parent(&p.name) == 0)
+                .map(|p| p.name.as_str())
+                .collect();
+            if waiting.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not yet: {waiting:?}"))
+            }
+        },
+    )
+    .await?;
+    println!(
+        "figure: shard 0's leader killed -> every shard-0 parent reconciled by the standby after {:?}",
+        died.elapsed()
+    );
+    // Since the kill: shard 0's parents written by its standby alone, shard 1's (and the
+    // moved one) by shard 1 alone.
+    let since_kill = [(&b0, b0_mark), (&a1, a1_mark)];
+    for parent in &parents {
+        let owner = usize::from(parent.shard == 1 || parent.name == moved);
+        let (other, mark) = since_kill[1 - owner];
+        assert_eq!(
+            other.writes.for_parent_since(&parent.name, mark),
+            0,
+            "{} wrote for {}, a parent of {}",
+            other.name,
+            parent.name,
+            since_kill[owner].0.name
+        );
+    }
+    assert!(
+        a1.host.running.leadership.is_leader(),
+        "shard 1 lost its leader when shard 0's died"
+    );
+    assert_eq!(
+        holder(&leases, "policy-host-shard-1").await.as_deref(),
+        Some("shard1-a")
+    );
+
+    // The probes carry the plugin's finalizer: stop the hosts, then let the namespace go.
+    b0.host.stop().await;
+    a1.host.stop().await;
+    for parent in &parents {
+        let _ = probes_api
+            .patch(
+                &parent.name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
+            )
+            .await;
+    }
+    Ok(())
+}
