@@ -89,12 +89,12 @@ fn progress(pod: &ObservedPod, spec: &ValidBackup) -> Progress {
     }
     // A missing Secret or key: kubelet would retry until the deadline, but nothing changes
     // until someone creates it, so it is reported now.
-    let config_error = pod.object["status"]["initContainerStatuses"]
+    let config_error = pod.object()["status"]["initContainerStatuses"]
         .as_array()
         .into_iter()
         .flatten()
         .chain(
-            pod.object["status"]["containerStatuses"]
+            pod.object()["status"]["containerStatuses"]
                 .as_array()
                 .into_iter()
                 .flatten(),
@@ -132,7 +132,7 @@ fn progress(pod: &ObservedPod, spec: &ValidBackup) -> Progress {
     if pod.phase == "Failed" {
         return Progress::Failed(format!(
             "the pod failed ({}); spec.backupPolicy.timeoutInSecond is {} s",
-            pod.object["status"]["message"]
+            pod.object()["status"]["message"]
                 .as_str()
                 .unwrap_or("no reason given"),
             spec.timeout_seconds

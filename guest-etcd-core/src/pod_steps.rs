@@ -13,7 +13,7 @@ use crate::schedule::parse_rfc3339;
 /// A container's `state.terminated`, from `list` (`initContainerStatuses` or
 /// `containerStatuses`).
 pub fn terminated<'p>(pod: &'p ObservedPod, list: &str, container: &str) -> Option<&'p Value> {
-    pod.object["status"][list]
+    pod.object()["status"][list]
         .as_array()?
         .iter()
         .find(|s| s["name"] == container)?
@@ -43,20 +43,20 @@ pub fn exit_summary(state: &Value) -> String {
 
 /// When the Pod became Ready (its `Ready` condition's transition), else when it was created.
 pub fn ready_since(pod: &ObservedPod) -> Option<i64> {
-    pod.object["status"]["conditions"]
+    pod.object()["status"]["conditions"]
         .as_array()
         .and_then(|c| {
             c.iter()
                 .find(|c| c["type"] == "Ready" && c["status"] == "True")
         })
         .and_then(|c| c["lastTransitionTime"].as_str())
-        .or_else(|| pod.object["metadata"]["creationTimestamp"].as_str())
+        .or_else(|| pod.object()["metadata"]["creationTimestamp"].as_str())
         .and_then(parse_rfc3339)
 }
 
 /// Seconds since the Pod was created, at `now`.
 pub fn age(pod: &ObservedPod, now: Timestamp) -> Option<i64> {
-    pod.object["metadata"]["creationTimestamp"]
+    pod.object()["metadata"]["creationTimestamp"]
         .as_str()
         .and_then(parse_rfc3339)
         .map(|created| now.seconds - created)

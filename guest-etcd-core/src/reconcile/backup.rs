@@ -89,7 +89,7 @@ fn progress(pod: &ObservedPod, s3: Option<&ValidS3>) -> Progress {
     }
     // A missing Secret or key: kubelet would retry until the deadline, but nothing changes
     // until someone creates it, so it is reported now.
-    let upload_waiting = pod.object["status"]["initContainerStatuses"]
+    let upload_waiting = pod.object()["status"]["initContainerStatuses"]
         .as_array()
         .and_then(|list| list.iter().find(|s| s["name"] == UPLOAD_CONTAINER))
         .and_then(|s| s["state"].get("waiting"));
@@ -118,7 +118,7 @@ fn progress(pod: &ObservedPod, s3: Option<&ValidS3>) -> Progress {
         return Progress::Failed {
             why: format!(
                 "the pod failed ({})",
-                pod.object["status"]["message"]
+                pod.object()["status"]["message"]
                     .as_str()
                     .unwrap_or("no reason given")
             ),

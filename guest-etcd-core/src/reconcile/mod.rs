@@ -213,7 +213,7 @@ fn tls_change(spec: &ValidSpec, children: &ObservedChildren) -> Option<String> {
         .iter()
         .filter(|p| !p.terminating)
         .find(|pod| {
-            let serves_tls = pod.object["spec"]["containers"]
+            let serves_tls = pod.object()["spec"]["containers"]
                 .as_array()
                 .into_iter()
                 .flatten()

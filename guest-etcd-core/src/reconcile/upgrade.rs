@@ -119,7 +119,7 @@ impl Step<'_> {
             }
         }
         match children::with_image(
-            &pod.object,
+            pod.object(),
             image,
             &self.spec.classic.labels,
             &self.spec.classic.annotations,

@@ -3,15 +3,21 @@
 //! declaring serde types for the Pod schema. For a stateful app these are what most
 //! decisions turn on (is this member up, gone for good, crash-looping, on the new image).
 
+use std::cell::OnceCell;
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::children::pod_kind;
 use crate::contract::{Child, Observation, PolicyError};
 
-/// A Pod child as observed. `object` is the whole Pod, for what the accessors do not cover
-/// (for example to re-apply the Pod with one field changed).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A Pod child as observed. The fields and accessors are read straight from the Pod's JSON
+/// text into small typed structs (serde skips everything they do not name, building no
+/// tree); [`ObservedPod::object`] parses the whole Pod only when a plugin asks for it (for
+/// example to re-apply the Pod with one field changed). Parsing every Pod into a
+/// `serde_json::Value` tree was most of a decision's cost (BENCHMARKS.md, issue 17).
+#[derive(Clone, Debug)]
 pub struct ObservedPod {
     /// `metadata.name`.
     pub name: String,
@@ -21,9 +27,25 @@ pub struct ObservedPod {
     pub ready: bool,
     /// Whether the Pod is being deleted (`metadata.deletionTimestamp` set).
     pub terminating: bool,
-    /// The whole Pod.
-    pub object: Value,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    containers: Vec<ContainerFields>,
+    container_statuses: Vec<ContainerStatusFields>,
+    /// The Pod as the host handed it over.
+    text: String,
+    /// `text` parsed, on first use.
+    object: OnceCell<Value>,
 }
+
+/// Two observations of a Pod are equal when the Pod's text is (everything else is read from
+/// it; whether the whole Pod was parsed yet does not count).
+impl PartialEq for ObservedPod {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for ObservedPod {}
 
 /// The parts of a Pod that [`ObservedPod`] reads, each optional: what the API server
 /// leaves out (a Pod not yet scheduled has no status) reads as empty.
@@ -31,6 +53,7 @@ pub struct ObservedPod {
 #[serde(default, rename_all = "camelCase")]
 struct PodFields {
     metadata: MetaFields,
+    spec: SpecFields,
     status: StatusFields,
 }
 
@@ -39,13 +62,29 @@ struct PodFields {
 struct MetaFields {
     name: String,
     deletion_timestamp: Option<String>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
+struct SpecFields {
+    containers: Vec<ContainerFields>,
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default)]
+struct ContainerFields {
+    name: String,
+    image: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
 struct StatusFields {
     phase: String,
     conditions: Vec<ConditionFields>,
+    container_statuses: Vec<ContainerStatusFields>,
 }
 
 #[derive(Deserialize, Default)]
@@ -56,12 +95,31 @@ struct ConditionFields {
     status: String,
 }
 
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default, rename_all = "camelCase")]
+struct ContainerStatusFields {
+    name: String,
+    restart_count: i64,
+    state: StateFields,
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default)]
+struct StateFields {
+    waiting: Option<WaitingFields>,
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default)]
+struct WaitingFields {
+    reason: Option<String>,
+}
+
 impl ObservedPod {
     /// Reads a Pod child. A child that is not a Pod object is an `InvalidChild` error (the
     /// host hands over what the API server returned, so this is a host bug).
     pub fn read(child: &Child) -> Result<ObservedPod, PolicyError> {
-        let object: Value = child.parse()?;
-        let fields = PodFields::deserialize(&object).map_err(|e| {
+        let fields: PodFields = serde_json::from_str(&child.object).map_err(|e| {
             PolicyError::new(
                 "InvalidChild",
                 format!("a Pod child is not a Pod object ({e}); this is a host bug"),
@@ -76,7 +134,20 @@ impl ObservedPod {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True"),
             terminating: fields.metadata.deletion_timestamp.is_some(),
-            object,
+            labels: fields.metadata.labels,
+            annotations: fields.metadata.annotations,
+            containers: fields.spec.containers,
+            container_statuses: fields.status.container_statuses,
+            text: child.object.clone(),
+            object: OnceCell::new(),
+        })
+    }
+
+    /// The whole Pod, parsed on first use: for what the accessors do not cover.
+    pub fn object(&self) -> &Value {
+        self.object.get_or_init(|| {
+            // `read` parsed this text already, so it is JSON; `Null` is unreachable.
+            serde_json::from_str(&self.text).unwrap_or(Value::Null)
         })
     }
 
@@ -88,40 +159,43 @@ impl ObservedPod {
 
     /// The value of label `key`.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.object["metadata"]["labels"][key].as_str()
+        self.labels.get(key).map(String::as_str)
     }
 
     /// The value of annotation `key`.
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.object["metadata"]["annotations"][key].as_str()
+        self.annotations.get(key).map(String::as_str)
     }
 
     /// The image of container `container` in the Pod's spec.
     pub fn image(&self, container: &str) -> Option<&str> {
-        named(&self.object["spec"]["containers"], container)?["image"].as_str()
+        self.containers
+            .iter()
+            .find(|c| c.name == container)?
+            .image
+            .as_deref()
     }
 
     /// How many times container `container` restarted (0 before it is reported).
     pub fn restarts(&self, container: &str) -> i64 {
         self.container_status(container)
-            .and_then(|s| s["restartCount"].as_i64())
-            .unwrap_or(0)
+            .map_or(0, |s| s.restart_count)
     }
 
     /// Why container `container` is waiting, e.g. `CrashLoopBackOff` for a container that
     /// keeps exiting; `None` while it runs.
     pub fn waiting_reason(&self, container: &str) -> Option<&str> {
-        self.container_status(container)?["state"]["waiting"]["reason"].as_str()
+        self.container_status(container)?
+            .state
+            .waiting
+            .as_ref()?
+            .reason
+            .as_deref()
     }
 
-    fn container_status(&self, container: &str) -> Option<&Value> {
-        named(&self.object["status"]["containerStatuses"], container)
+    fn container_status(&self, container: &str) -> Option<&ContainerStatusFields> {
+        self.container_statuses.iter().find(|s| s.name == container)
     }
-}
-
-/// The element of a list of named objects (containers, container statuses) named `name`.
-fn named<'v>(list: &'v Value, name: &str) -> Option<&'v Value> {
-    list.as_array()?.iter().find(|item| item["name"] == name)
 }
 
 impl Observation {
@@ -198,5 +272,19 @@ mod tests {
         };
         assert!(ObservedPod::read(&child("[1,2")).is_err());
         assert!(ObservedPod::read(&child(r#"{"metadata": {"name": 5}}"#)).is_err());
+    }
+
+    #[test]
+    fn the_whole_pod_is_parsed_only_when_asked_for_and_equality_is_the_pod_s() {
+        let object = json!({
+            "metadata": {"name": "db-0", "uid": "u-1"},
+            "spec": {"nodeName": "n-1", "containers": [{"name": "db", "image": "db:2", "args": ["--x"]}]},
+        });
+        let p = pod(object.clone());
+        let untouched = p.clone();
+        assert_eq!(p.object(), &object, "the whole pod, as handed over");
+        assert_eq!(p.object()["spec"]["containers"][0]["args"][0], "--x");
+        assert_eq!(p, untouched, "parsed or not, the same pod");
+        assert_ne!(p, pod(json!({"metadata": {"name": "db-0", "uid": "u-2"}})));
     }
 }
