@@ -21,7 +21,11 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(90);
 const PACK: &str = "plugin-granted";
 
+/// Applies the pack with `grants` and waits until `host` runs the plugin with them: a parent
+/// created before that may be decided under the grants it replaces (the host reads the
+/// ConfigMap and the parent from two watches), which is not what the test is about.
 async fn apply_pack(
+    host: &HostUnderTest,
     config_maps: &Api<ConfigMap>,
     component: &[u8],
     grants: Grants,
@@ -30,11 +34,25 @@ async fn apply_pack(
         component,
         &PackOptions {
             name: PACK.into(),
-            grants,
+            grants: grants.clone(),
             ..Default::default()
         },
     )?;
-    plugins::apply_pack(config_maps, cm, "plugin-grants-e2e").await
+    plugins::apply_pack(config_maps, cm, "plugin-grants-e2e").await?;
+    wait_for(
+        "the host to run the plugin with the new grants",
+        WAIT,
+        || async {
+            host.running
+                .store
+                .list()
+                .iter()
+                .any(|loaded| loaded.grants == grants)
+                .then_some(())
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 async fn apply_probe(api: &Api<DynamicObject>, name: &str, behaviour: &str) -> anyhow::Result<()> {
@@ -78,7 +96,7 @@ async fn writes_outside_the_grants_are_refused_and_nothing_is_written() -> anyho
 
     let outcome = async {
         // Default grants: baseline pod security.
-        apply_pack(&config_maps, &component, Grants::default()).await?;
+        apply_pack(&host, &config_maps, &component, Grants::default()).await?;
         apply_probe(&api, "escalates", "privileged-pod").await?;
         let note = refusal(&events, "escalates", "privileged").await?;
         anyhow::ensure!(note.contains("podSecurity: privileged"), "{note}");
@@ -89,6 +107,7 @@ async fn writes_outside_the_grants_are_refused_and_nothing_is_written() -> anyho
 
         // Only Pods granted: the ConfigMap the `ok` behaviour applies is refused.
         apply_pack(
+            &host,
             &config_maps,
             &component,
             Grants {
@@ -107,6 +126,7 @@ async fn writes_outside_the_grants_are_refused_and_nothing_is_written() -> anyho
 
         // The admin grants privileged pods: the same decision now writes the Pod.
         apply_pack(
+            &host,
             &config_maps,
             &component,
             Grants {
