@@ -1,6 +1,7 @@
 //! The member pod: its etcd flags, its TLS, a restore into its data directory, and the same
 //! pod re-applied with a new image for an upgrade.
 
+use policy_host_sdk::pods::ObservedPod;
 use serde_json::{Value, json};
 
 use super::object_store;
@@ -47,13 +48,9 @@ pub const MAX_LEARNERS: usize = 2;
 pub const MAX_LEARNERS_FLAG: &str = "--max-learners=2";
 
 /// Whether this member pod's etcd runs with [`MAX_LEARNERS_FLAG`].
-pub fn runs_parallel_learners(pod: &Value) -> bool {
-    pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["name"] == ETCD_CONTAINER)
-        .flat_map(|c| c["args"].as_array().into_iter().flatten())
+pub fn runs_parallel_learners(pod: &ObservedPod) -> bool {
+    pod.args(ETCD_CONTAINER)
+        .iter()
         .any(|arg| arg == MAX_LEARNERS_FLAG)
 }
 

@@ -3,7 +3,6 @@
 
 use policy_host_sdk::pods::ObservedPod;
 use policy_host_sdk::{Observation, PolicyError};
-use serde_json::Value;
 
 use super::{LABEL_ROLE, pvc_kind};
 
@@ -29,13 +28,8 @@ impl ObservedChildren {
             .partition(|p| p.label(LABEL_ROLE) == Some("backup"));
         let mut claims = observation
             .children_of_kind(&pvc_kind())
-            .map(|c| {
-                Ok(c.parse::<Value>()?["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned())
-            })
-            .collect::<Result<Vec<String>, PolicyError>>()?;
+            .map(|c| c.name().unwrap_or_default())
+            .collect::<Vec<String>>();
         claims.sort();
         Ok(ObservedChildren {
             pods,

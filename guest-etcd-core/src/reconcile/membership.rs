@@ -247,7 +247,7 @@ impl Step<'_> {
                 && m.pod
                     .as_deref()
                     .and_then(|p| self.children.pod(p))
-                    .is_some_and(|p| !p.is_gone() && children::runs_parallel_learners(p.object()))
+                    .is_some_and(|p| !p.is_gone() && children::runs_parallel_learners(p))
         })
     }
 

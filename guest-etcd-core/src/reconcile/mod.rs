@@ -213,13 +213,9 @@ fn tls_change(spec: &ValidSpec, children: &ObservedChildren) -> Option<String> {
         .iter()
         .filter(|p| !p.terminating)
         .find(|pod| {
-            let serves_tls = pod.object()["spec"]["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c["name"] == children::ETCD_CONTAINER)
-                .flat_map(|c| c["args"].as_array().into_iter().flatten())
-                .filter_map(Value::as_str)
+            let serves_tls = pod
+                .args(children::ETCD_CONTAINER)
+                .iter()
                 .any(|arg| arg.starts_with("--listen-client-urls=https://"));
             serves_tls != wanted
         })?;

@@ -76,9 +76,19 @@ impl Child {
         })
     }
 
-    /// `metadata.name`, if the object has one.
+    /// `metadata.name`, if the object has one (read alone from the text, building no tree).
     pub fn name(&self) -> Option<String> {
-        let object: Value = serde_json::from_str(&self.object).ok()?;
-        object["metadata"]["name"].as_str().map(str::to_owned)
+        #[derive(serde::Deserialize)]
+        struct Named {
+            metadata: Meta,
+        }
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            name: Option<String>,
+        }
+        serde_json::from_str::<Named>(&self.object)
+            .ok()?
+            .metadata
+            .name
     }
 }

@@ -77,6 +77,7 @@ struct SpecFields {
 struct ContainerFields {
     name: String,
     image: Option<String>,
+    args: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -176,6 +177,15 @@ impl ObservedPod {
             .as_deref()
     }
 
+    /// The arguments of container `container` in the Pod's spec (empty for none, or no such
+    /// container): how a plugin tells which flags a running member was started with.
+    pub fn args(&self, container: &str) -> &[String] {
+        self.containers
+            .iter()
+            .find(|c| c.name == container)
+            .map_or(&[], |c| c.args.as_slice())
+    }
+
     /// How many times container `container` restarted (0 before it is reported).
     pub fn restarts(&self, container: &str) -> i64 {
         self.container_status(container)
@@ -241,6 +251,7 @@ mod tests {
         assert_eq!(p.annotation("a"), Some("b"));
         assert_eq!(p.image("db"), Some("db:2"));
         assert_eq!(p.image("other"), None);
+        assert!(p.args("db").is_empty() && p.args("other").is_empty());
         assert_eq!(p.restarts("db"), 3);
         assert_eq!(p.waiting_reason("db"), None);
     }
@@ -284,6 +295,7 @@ mod tests {
         let untouched = p.clone();
         assert_eq!(p.object(), &object, "the whole pod, as handed over");
         assert_eq!(p.object()["spec"]["containers"][0]["args"][0], "--x");
+        assert_eq!(p.args("db"), ["--x"]);
         assert_eq!(p, untouched, "parsed or not, the same pod");
         assert_ne!(p, pod(json!({"metadata": {"name": "db-0", "uid": "u-2"}})));
     }
