@@ -25,7 +25,7 @@ use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
 use crate::observe::cache::{watch_children, watch_parents};
-use crate::observe::{ChildCache, Observed, observe};
+use crate::observe::{CachedChild, ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
 use crate::shard::Shard;
@@ -178,11 +178,10 @@ impl Default for ControllerOptions {
 }
 
 /// Every object of `resource`, in the watched namespace or in all of them.
-fn scoped_api(
-    client: &Client,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
+fn scoped_api<K>(client: &Client, resource: &ApiResource, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+{
     match namespace {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
         None => Api::all_with(client.clone(), resource),
@@ -214,7 +213,7 @@ pub async fn run(
     let info = loaded.plugin.info().clone();
     let parent_resource = api_resource(&info.target);
     let namespace = options.namespace.as_deref();
-    let parents = scoped_api(&client, &parent_resource, namespace);
+    let parents: Api<DynamicObject> = scoped_api(&client, &parent_resource, namespace);
 
     // The parent reflector is built here rather than by `Controller::new_with` so that its
     // stream can be held back until every child cache has listed: kube-runtime delays
@@ -307,7 +306,7 @@ pub async fn run(
 
 /// Resolves once every child cache has finished its first list. The watches are polled by the
 /// controller meanwhile (they are its trigger streams), so this only waits, it drives nothing.
-async fn children_synced(policy: String, stores: Vec<reflector::Store<DynamicObject>>) {
+async fn children_synced(policy: String, stores: Vec<reflector::Store<CachedChild>>) {
     let all = futures::future::join_all(stores.iter().map(|s| s.wait_until_ready()));
     tokio::pin!(all);
     // A list that does not come (RBAC, an API server in trouble) holds every decision of this

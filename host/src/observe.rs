@@ -4,24 +4,28 @@
 //! Children come from the controller's own watch caches (one per declared child kind,
 //! filtered by the label the host puts on everything it applies, see [`cache`]), so an
 //! observation costs no API call, and each cache's [`owner_index`] hands over the parent's
-//! children without a scan of the cache. A child is the parent's when it lives in the
+//! children without a scan of the cache. Each child is cached as the JSON text the plugin is
+//! shown ([`child`]), so observing one copies its text instead of writing out a tree. A child is the parent's when it lives in the
 //! parent's namespace and its controller reference carries the parent's uid: the caches are
 //! cluster-wide, and anyone who may create objects in another namespace can write any uid into
 //! an owner reference.
 
 pub mod cache;
+pub mod child;
 pub mod owner_index;
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kube::ResourceExt;
 use kube::api::DynamicObject;
+use kube::{Resource, ResourceExt};
+use serde::Deserialize;
 
 use crate::capability::scope::{PodEndpoint, unreachable_why};
 use crate::contract::{Child, Observation, Timestamp};
 
 pub use cache::ChildCache;
+pub use child::CachedChild;
 
 /// An observation plus what the host needs to carry out the decision made from it.
 pub struct Observed {
@@ -45,7 +49,7 @@ pub fn observe(
     for cache in caches {
         // Ordered by name: the same world gives the plugin the same observation.
         for object in cache.controlled_by(parent) {
-            let json = serde_json::to_string(object.as_ref())?;
+            let json = object.to_json()?;
             if cache.kind.group.is_empty() && cache.kind.kind == "Pod" {
                 pods.insert(object.name_any(), pod_endpoint(&object));
             }
@@ -70,43 +74,84 @@ pub fn observe(
     })
 }
 
-/// Where a cached Pod can be reached, read straight from its JSON: the same fields as
-/// [`PodEndpoint::from_pod`] without parsing the whole typed `Pod` again, which runs for
-/// every pod of every observation.
-fn pod_endpoint(pod: &DynamicObject) -> PodEndpoint {
-    let ip = pod.data["status"]["podIP"]
-        .as_str()
-        .filter(|ip| !ip.is_empty())
-        .map(str::to_owned);
-    let ports = || {
-        pod.data["spec"]["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+/// Where a cached Pod can be reached, read from its cached text: the same fields as
+/// [`PodEndpoint::from_pod`] without parsing a whole typed `Pod`, which would run for every pod
+/// of every observation. serde skips every other field of the text without keeping it.
+fn pod_endpoint(pod: &CachedChild) -> PodEndpoint {
+    let fields: PodFields = match serde_json::from_str(pod.body()) {
+        Ok(fields) => fields,
+        // The API server checks a Pod against its schema, so this takes a pod no API server
+        // sent; the plugin still sees it, but the host will not call a pod it cannot read.
+        Err(error) => {
+            return PodEndpoint {
+                ip: None,
+                named_ports: HashMap::new(),
+                declared_ports: Vec::new(),
+                unreachable: Some(format!("its spec or status could not be read: {error}")),
+            };
+        }
     };
-    let named_ports = ports()
-        .filter_map(|p| {
-            let name = p["name"].as_str()?.to_owned();
-            let number = u16::try_from(p["containerPort"].as_i64()?).ok()?;
-            Some((name, number))
-        })
-        .collect();
-    let declared_ports = ports()
-        .filter_map(|p| u16::try_from(p["containerPort"].as_i64()?).ok())
-        .collect();
-    let host_network = pod.data["spec"]["hostNetwork"].as_bool().unwrap_or(false);
-    let phase = pod.data["status"]["phase"].as_str().unwrap_or_default();
+    let ports = || {
+        fields
+            .spec
+            .containers
+            .iter()
+            .flatten()
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| Some((p.name.as_deref(), u16::try_from(p.container_port?).ok()?)))
+    };
     PodEndpoint {
-        ip,
-        named_ports,
-        declared_ports,
-        unreachable: unreachable_why(host_network, phase),
+        ip: fields.status.pod_ip.clone().filter(|ip| !ip.is_empty()),
+        named_ports: ports()
+            .filter_map(|(name, number)| Some((name?.to_owned(), number)))
+            .collect(),
+        declared_ports: ports().map(|(_, number)| number).collect(),
+        unreachable: unreachable_why(
+            fields.spec.host_network.unwrap_or(false),
+            fields.status.phase.as_deref().unwrap_or_default(),
+        ),
     }
 }
 
+/// The fields of a Pod that [`pod_endpoint`] reads. Each is optional, as in the API: a pod
+/// without a status (not scheduled yet) or without ports is read, not refused.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PodFields {
+    spec: PodSpecFields,
+    status: PodStatusFields,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodSpecFields {
+    containers: Option<Vec<ContainerFields>>,
+    host_network: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ContainerFields {
+    ports: Option<Vec<PortFields>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PortFields {
+    name: Option<String>,
+    container_port: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodStatusFields {
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    phase: Option<String>,
+}
+
 /// True when `child` has a controller owner reference to the object with `uid`.
-pub fn is_controlled_by(child: &DynamicObject, uid: &str) -> bool {
+pub fn is_controlled_by(child: &impl Resource, uid: &str) -> bool {
     child
         .owner_references()
         .iter()
@@ -160,11 +205,22 @@ mod tests {
                 serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-2"},
                     "spec": {"containers": [{"name": "etcd", "ports": [{"name": "big", "containerPort": 70000}]}]}}),
             ),
+            (
+                "a pod with no spec",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-4"},
+                    "status": {"podIP": "10.0.0.4", "phase": "Running"}}),
+            ),
+            (
+                "a succeeded pod whose container lists null ports",
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-5"},
+                    "spec": {"containers": [{"name": "etcd", "ports": null}]},
+                    "status": {"podIP": "10.0.0.5", "phase": "Succeeded"}}),
+            ),
         ];
         for (situation, json) in rows {
             let typed: Pod = serde_json::from_value(json.clone()).expect(situation);
-            let dynamic: DynamicObject = serde_json::from_value(json).expect(situation);
-            let (want, got) = (PodEndpoint::from_pod(&typed), pod_endpoint(&dynamic));
+            let cached: CachedChild = serde_json::from_value(json).expect(situation);
+            let (want, got) = (PodEndpoint::from_pod(&typed), pod_endpoint(&cached));
             assert_eq!(got.ip, want.ip, "{situation}");
             assert_eq!(got.named_ports, want.named_ports, "{situation}");
             assert_eq!(got.declared_ports, want.declared_ports, "{situation}");
@@ -203,9 +259,64 @@ mod tests {
     fn pod_cache(pods: Vec<DynamicObject>) -> ChildCache {
         let (cache, mut writer) = empty_pod_cache();
         for pod in pods {
-            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod.into()));
         }
         cache
+    }
+
+    /// A pod whose text the API server would not have sent is observed (the plugin sees it),
+    /// but the host refuses to call it instead of guessing its address.
+    #[test]
+    fn a_pod_that_cannot_be_read_is_observed_but_not_called() {
+        let mut odd = pod("ns", "odd", "parent-uid");
+        odd.data["status"] = serde_json::json!({"podIP": 7});
+        let parent = object(serde_json::json!({
+            "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+            "metadata": {"name": "parent", "namespace": "ns", "uid": "parent-uid"},
+        }));
+        let observed = observe(&parent, &[pod_cache(vec![odd])]).expect("observation encodes");
+        assert_eq!(observed.observation.children.len(), 1);
+        let endpoint = &observed.pods["odd"];
+        assert_eq!(endpoint.ip, None);
+        assert!(
+            endpoint
+                .unreachable
+                .as_deref()
+                .is_some_and(|why| why.contains("could not be read")),
+            "{:?}",
+            endpoint.unreachable
+        );
+    }
+
+    /// The plugin is shown each child exactly as the host showed it when children were cached
+    /// as `DynamicObject`s: the text `serde_json` wrote from the object, byte for byte.
+    #[test]
+    fn the_plugin_sees_each_child_as_a_dynamic_object_wrote_it() {
+        let parent = object(serde_json::json!({
+            "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+            "metadata": {"name": "parent", "namespace": "ns", "uid": "parent-uid"},
+        }));
+        let pods: Vec<DynamicObject> = (0..3)
+            .map(|i| {
+                let mut pod = pod("ns", &format!("db-{i}"), "parent-uid");
+                pod.labels_mut().insert("member".into(), format!("db-{i}"));
+                pod.data["status"] = serde_json::json!({"phase": "Running", "podIP": format!("10.0.0.{i}"),
+                    "conditions": [{"type": "Ready", "status": "True"}]});
+                pod
+            })
+            .collect();
+        let want: Vec<String> = pods
+            .iter()
+            .map(|p| serde_json::to_string(p).expect("json"))
+            .collect();
+        let observed = observe(&parent, &[pod_cache(pods)]).expect("observation encodes");
+        let got: Vec<String> = observed
+            .observation
+            .children
+            .into_iter()
+            .map(|c| c.object)
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// A labelled Pod in another namespace whose controller reference carries the parent's uid
@@ -272,17 +383,15 @@ mod tests {
             for i in 0..12 {
                 // Children of every parent, some claiming a parent of the other namespace.
                 let owner = format!("{}-p{}", ["team-a", "team-b"][i % 5 % 2], i % 3);
-                events.push(Event::InitApply(pod(
-                    namespace,
-                    &format!("m{i:02}"),
-                    &owner,
-                )));
+                events.push(Event::InitApply(
+                    pod(namespace, &format!("m{i:02}"), &owner).into(),
+                ));
             }
         }
         events.push(Event::InitDone);
-        events.push(Event::Apply(pod("team-a", "m00", "team-a-p2")));
-        events.push(Event::Delete(pod("team-a", "m03", "team-a-p0")));
-        events.push(Event::Apply(pod("team-b", "late", "team-b-p1")));
+        events.push(Event::Apply(pod("team-a", "m00", "team-a-p2").into()));
+        events.push(Event::Delete(pod("team-a", "m03", "team-a-p0").into()));
+        events.push(Event::Apply(pod("team-b", "late", "team-b-p1").into()));
         for event in &events {
             writer.apply_watcher_event(event);
         }
@@ -301,10 +410,7 @@ mod tests {
                 child.namespace() == parent.namespace() && is_controlled_by(child, &uid)
             });
             scanned.sort_by_key(|o| o.name_any());
-            let scanned: Vec<String> = scanned
-                .iter()
-                .map(|o| serde_json::to_string(o.as_ref()).expect("json"))
-                .collect();
+            let scanned: Vec<String> = scanned.iter().map(|o| o.to_json().expect("json")).collect();
             let observed = observe(parent, std::slice::from_ref(&cache)).expect("observation");
             let indexed: Vec<String> = observed
                 .observation

@@ -1,6 +1,7 @@
 //! The watch caches observations are built from: how the API server's watch streams fill them
 //! (one for the parents, one per declared child kind), what is dropped on the way in, and the
-//! owner index kept beside each child cache. Of the parents, only this host's shard's are
+//! owner index kept beside each child cache. Children are cached in their compact form
+//! ([`CachedChild`]), parents as `DynamicObject`s. Of the parents, only this host's shard's are
 //! kept ([`crate::shard`]).
 //!
 //! The controller and the scale bench both build their caches here, so the bench measures the
@@ -14,6 +15,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::child::CachedChild;
 use super::is_controlled_by;
 use super::owner_index::{OwnerIndex, OwnerIndexWriter};
 use crate::contract::KindRef;
@@ -27,7 +29,7 @@ pub struct ChildCache {
     /// The kind as kube-rs addresses it.
     pub resource: ApiResource,
     /// Objects of that kind carrying the host's policy label.
-    pub store: Store<DynamicObject>,
+    pub store: Store<CachedChild>,
     /// Which of them each controller owns, by the controller's uid.
     pub owners: OwnerIndex,
 }
@@ -35,14 +37,14 @@ pub struct ChildCache {
 /// Fills a [`ChildCache`] from watch events: its store and its owner index, in that order, for
 /// each event.
 pub struct ChildCacheWriter {
-    store: reflector::store::Writer<DynamicObject>,
+    store: reflector::store::Writer<CachedChild>,
     owners: OwnerIndexWriter,
 }
 
 impl ChildCacheWriter {
     /// Applies one watch event to the store, then to the owner index: the index never names a
     /// child the store has not received yet.
-    pub fn apply_watcher_event(&mut self, event: &watcher::Event<DynamicObject>) {
+    pub fn apply_watcher_event(&mut self, event: &watcher::Event<CachedChild>) {
         self.store.apply_watcher_event(event);
         self.owners.apply_watcher_event(event);
     }
@@ -69,16 +71,18 @@ impl ChildCache {
     /// reference carries the parent's uid: the caches are cluster-wide, and anyone who may
     /// create objects in another namespace can write any uid into an owner reference. Both are
     /// checked again on the object itself, which the index may be a moment behind.
-    pub fn controlled_by(&self, parent: &DynamicObject) -> Vec<Arc<DynamicObject>> {
+    pub fn controlled_by(&self, parent: &DynamicObject) -> Vec<Arc<CachedChild>> {
         let uid = parent.uid().unwrap_or_default();
         let namespace = parent.namespace();
-        let mut children: Vec<Arc<DynamicObject>> = self
+        let mut children: Vec<Arc<CachedChild>> = self
             .owners
             .children_of(&uid)
             .into_iter()
             .filter(|key| key.namespace == namespace)
             .filter_map(|key| self.store.get(&key.object_ref(&self.resource)))
-            .filter(|child| child.namespace() == namespace && is_controlled_by(child, &uid))
+            .filter(|child| {
+                child.namespace() == namespace && is_controlled_by(child.as_ref(), &uid)
+            })
             .collect();
         // The index is ordered already; sorting a handful again keeps the order a property of
         // this function rather than of the index's key type.
@@ -89,24 +93,27 @@ impl ChildCache {
 
 /// The items of a cache's watch stream once cached: every event, to turn into triggers
 /// (`applied_objects`, `touched_objects`).
-pub type CachedEvents = watcher::Result<watcher::Event<DynamicObject>>;
+pub type CachedEvents<K = DynamicObject> = watcher::Result<watcher::Event<K>>;
+
+/// The items of a child cache's watch stream once cached.
+pub type CachedChildEvents = CachedEvents<CachedChild>;
 
 /// Watches `api` for the children of one declared kind (`config` carries the policy's label
 /// selector) into a new [`ChildCache`]. Nothing is cached until the stream is polled; the
 /// cache is ready (`store.wait_until_ready`) after its first list.
 pub fn watch_children(
-    api: Api<DynamicObject>,
+    api: Api<CachedChild>,
     kind: KindRef,
     resource: ApiResource,
     config: watcher::Config,
 ) -> (
     ChildCache,
-    impl Stream<Item = CachedEvents> + Send + 'static,
+    impl Stream<Item = CachedChildEvents> + Send + 'static,
 ) {
     let (cache, mut writer) = ChildCache::new(kind, resource);
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(drop_managed_fields)
+        .modify(|child: &mut CachedChild| drop_managed_fields(child))
         .inspect_ok(move |event| writer.apply_watcher_event(event));
     (cache, stream)
 }
@@ -127,7 +134,7 @@ pub fn watch_parents(
     let store = writer.as_reader();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(drop_managed_fields)
+        .modify(|parent: &mut DynamicObject| drop_managed_fields(parent))
         .try_filter_map(move |event| std::future::ready(Ok(keep_shard(event, &shard))))
         .reflect(writer);
     (store, stream)
@@ -167,8 +174,8 @@ fn keep_shard(
 /// typical object's JSON (BENCHMARKS.md, "Throughput at scale"). The host never reads them and
 /// plugins are not shown them (wit/CHANGELOG.md), so they are not kept. Set to none rather
 /// than emptied: an empty list would reach the plugin as `"managedFields": []`.
-fn drop_managed_fields(object: &mut DynamicObject) {
-    object.metadata.managed_fields = None;
+fn drop_managed_fields(object: &mut impl kube::Resource) {
+    object.meta_mut().managed_fields = None;
 }
 
 #[cfg(test)]

@@ -14,9 +14,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use kube::ResourceExt;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+
+use super::child::CachedChild;
 
 /// Where a child is: namespace (none for a cluster-scoped kind) and name. Ordered by name
 /// first, the order observations list a parent's children in.
@@ -29,7 +31,7 @@ pub struct ChildKey {
 }
 
 impl ChildKey {
-    fn of(object: &DynamicObject) -> Self {
+    fn of(object: &CachedChild) -> Self {
         Self {
             name: object.name_any(),
             namespace: object.namespace(),
@@ -37,7 +39,7 @@ impl ChildKey {
     }
 
     /// The reference the child's store files it under.
-    pub fn object_ref(&self, resource: &ApiResource) -> ObjectRef<DynamicObject> {
+    pub fn object_ref(&self, resource: &ApiResource) -> ObjectRef<CachedChild> {
         let reference = ObjectRef::new_with(&self.name, resource.clone());
         match &self.namespace {
             Some(namespace) => reference.within(namespace),
@@ -58,7 +60,7 @@ struct Owners {
 
 impl Owners {
     /// Files `object` under its controller's uid (if it has one), out of wherever it was.
-    fn apply(&mut self, object: &DynamicObject) {
+    fn apply(&mut self, object: &CachedChild) {
         let key = ChildKey::of(object);
         let owner = controller_uid(object);
         if self.owner_of.get(&key) == owner.as_ref() {
@@ -91,7 +93,7 @@ impl Owners {
 
 /// The uid in the object's controller owner reference (the one with `controller: true`; the
 /// API server allows at most one).
-fn controller_uid(object: &DynamicObject) -> Option<String> {
+fn controller_uid(object: &CachedChild) -> Option<String> {
     object
         .owner_references()
         .iter()
@@ -156,7 +158,7 @@ impl OwnerIndexWriter {
     }
 
     /// Applies one watch event.
-    pub fn apply_watcher_event(&mut self, event: &watcher::Event<DynamicObject>) {
+    pub fn apply_watcher_event(&mut self, event: &watcher::Event<CachedChild>) {
         match event {
             watcher::Event::Apply(object) => self.write().apply(object),
             watcher::Event::Delete(object) => self.write().remove(&ChildKey::of(object)),
@@ -187,7 +189,7 @@ mod tests {
     use super::*;
     use watcher::Event;
 
-    fn pod(namespace: &str, name: &str, controller_uid: Option<&str>) -> DynamicObject {
+    fn pod(namespace: &str, name: &str, controller_uid: Option<&str>) -> CachedChild {
         let owners: Vec<serde_json::Value> = controller_uid
             .map(|uid| {
                 serde_json::json!({"apiVersion": "v1", "kind": "Owner", "name": "owner",
@@ -215,7 +217,7 @@ mod tests {
     fn the_index_follows_the_watch_events() {
         type Row = (
             &'static str,
-            Vec<Event<DynamicObject>>,
+            Vec<Event<CachedChild>>,
             Vec<(&'static str, Vec<&'static str>)>,
         );
         let rows: Vec<Row> = vec![

@@ -22,6 +22,14 @@
 //! through the owner index and by the scan of every cached child that `observe` did before
 //! the index, on the same caches.
 //!
+//! Once per step it also weighs the forms a child could be cached in (issue 17 item 2), on the
+//! children it has cached: each child's text is read again into a `DynamicObject` (a
+//! `serde_json::Value` tree, the form before), a typed k8s-openapi object, the host's
+//! [`CachedChild`] (typed metadata, the rest as text) and the whole text beside typed
+//! metadata. For each: the heap bytes held per child (a counting global allocator: bytes
+//! asked for, without the allocator's own overhead) and the time to write the child out as
+//! the observation's JSON text.
+//!
 //! With `SCALE_BENCH_SHARDS=2` each step is measured by two host processes at once, shard 0
 //! and shard 1 of 2 (`policy_host::shard`), on this one machine: each keeps only its shard's
 //! parents (the host's own filter in `watch_parents`) and every child, they wait for each
@@ -60,7 +68,7 @@ use policy_host::load::PluginLoader;
 use policy_host::load::artifact_cache::ArtifactCache;
 use policy_host::load::pack::sha256_hex;
 use policy_host::observe::cache::{watch_children, watch_parents};
-use policy_host::observe::{ChildCache, Observed, is_controlled_by, observe};
+use policy_host::observe::{CachedChild, ChildCache, Observed, is_controlled_by, observe};
 use policy_host::shard::Shard;
 
 /// Set (to a JSON configuration) in the child process that plays the host.
@@ -76,6 +84,137 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The system allocator, counting the bytes held: what weighs the cache forms.
+struct CountingAllocator;
+
+static HELD_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; only a counter is kept
+// beside it.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        HELD_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        HELD_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `dealloc`, passed on.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        HELD_BYTES.fetch_add(new_size, Ordering::Relaxed);
+        HELD_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `realloc`, passed on.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// A child in one candidate cache form, held only to be weighed and written out.
+trait CacheForm {
+    fn write(&self) -> Result<String>;
+}
+
+impl CacheForm for DynamicObject {
+    fn write(&self) -> Result<String> {
+        Ok(serde_json::to_string(self)?)
+    }
+}
+
+impl CacheForm for CachedChild {
+    fn write(&self) -> Result<String> {
+        Ok(self.to_json()?)
+    }
+}
+
+/// A typed k8s-openapi object.
+struct Typed<T>(T);
+
+impl<T: serde::Serialize> CacheForm for Typed<T> {
+    fn write(&self) -> Result<String> {
+        Ok(serde_json::to_string(&self.0)?)
+    }
+}
+
+/// The whole object's text, beside its typed metadata for the host.
+struct WholeText {
+    _metadata: kube::api::ObjectMeta,
+    text: Box<str>,
+}
+
+impl CacheForm for WholeText {
+    fn write(&self) -> Result<String> {
+        Ok(self.text.to_string())
+    }
+}
+
+/// Weighs the candidate forms on the cached children: heap bytes held per child, and the time
+/// to write each out as observation text. Another process's heap does not enter: the counter
+/// is read on this thread with nothing else allocating meanwhile except the watch tasks, whose
+/// share is noise at these sizes (their steady state holds no new objects).
+fn weigh_forms(caches: &[ChildCache]) -> Result<Value> {
+    let texts: Vec<(String, String)> = caches
+        .iter()
+        .flat_map(|cache| {
+            cache
+                .store
+                .state()
+                .into_iter()
+                .map(move |child| Ok((cache.kind.kind.clone(), child.to_json()?)))
+        })
+        .collect::<Result<_>>()?;
+    let count = texts.len().max(1);
+    let text_bytes: usize = texts.iter().map(|(_, t)| t.len()).sum();
+    // Boxed as a store holds each object behind an `Arc`: the struct's own size counts.
+    let read = |form: &str, kind: &str, text: &str| -> Result<Box<dyn CacheForm>> {
+        Ok(match (form, kind) {
+            ("tree", _) => Box::new(serde_json::from_str::<DynamicObject>(text)?),
+            ("typed", "Pod") => Box::new(Typed(serde_json::from_str::<Pod>(text)?)),
+            ("typed", "Service") => Box::new(Typed(serde_json::from_str::<
+                k8s_openapi::api::core::v1::Service,
+            >(text)?)),
+            ("typed", "PodDisruptionBudget") => Box::new(Typed(serde_json::from_str::<
+                k8s_openapi::api::policy::v1::PodDisruptionBudget,
+            >(text)?)),
+            ("typed", other) => return Err(anyhow!("no typed form for {other}")),
+            ("compact", _) => Box::new(serde_json::from_str::<CachedChild>(text)?),
+            _ => Box::new(WholeText {
+                _metadata: serde_json::from_str::<CachedChild>(text)?.metadata,
+                text: text.into(),
+            }),
+        })
+    };
+    let mut rows = Vec::new();
+    for form in ["tree", "typed", "compact", "text"] {
+        let mut held: Vec<Box<dyn CacheForm>> = Vec::with_capacity(texts.len());
+        let before = HELD_BYTES.load(Ordering::Relaxed);
+        for (kind, text) in &texts {
+            held.push(read(form, kind, text)?);
+        }
+        let bytes = HELD_BYTES.load(Ordering::Relaxed).saturating_sub(before);
+        let mut written = 0usize;
+        let started = Instant::now();
+        for child in &held {
+            written += child.write()?.len();
+        }
+        let write_ns = started.elapsed().as_nanos() as f64 / count as f64;
+        rows.push(json!({
+            "form": form,
+            "bytes_per_child": bytes / count,
+            "write_ns_per_child": write_ns.round(),
+            "written_bytes_per_child": written / count,
+        }));
+        drop(held);
+    }
+    Ok(json!({"children": texts.len(), "text_bytes_per_child": text_bytes / count, "forms": rows}))
 }
 
 /// A line of `/proc/self/status`, in KiB.
@@ -136,7 +275,7 @@ impl HostCaches {
         let mut caches = Vec::new();
         for kind in &info.children {
             let resource = api_resource(kind);
-            let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
+            let api = Api::<CachedChild>::namespaced_with(client.clone(), namespace, &resource);
             let config =
                 watcher::Config::default().labels(&format!("{POLICY_LABEL}={}", info.name));
             let (cache, stream) = watch_children(api, kind.clone(), resource, config);
@@ -491,6 +630,24 @@ async fn bench() -> Result<()> {
                 report["checked"],
             );
             eprintln!("[scale] {target} ({which}): {report}");
+            println!(
+                "|   forms, {target} clusters ({which}): {} children, {} B of JSON each | {} |",
+                report["forms"]["children"],
+                report["forms"]["text_bytes_per_child"],
+                report["forms"]["forms"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| format!(
+                        "{}: {} B held, written in {} ns ({} B)",
+                        f["form"].as_str().unwrap_or_default(),
+                        f["bytes_per_child"],
+                        f["write_ns_per_child"],
+                        f["written_bytes_per_child"]
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
         }
         if reports.len() > 1 {
             let sum = |key: &str| -> f64 {
@@ -793,6 +950,8 @@ async fn host_child(config: Value) -> Result<Value> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after = status_kib("VmRSS:");
+    // Last: the forms it builds would stay in the RSS read above.
+    let forms = weigh_forms(&host.caches)?;
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     Ok(json!({
         "clusters": parents.len(),
@@ -820,6 +979,7 @@ async fn host_child(config: Value) -> Result<Value> {
         "decide_p99_us": micros(percentile(&mut decide_times, 99)),
         "steady": steady,
         "checked": parents.len(),
+        "forms": forms,
         "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "note": HashMap::from([("concurrency", concurrency), ("workers", 2)]),
     }))

@@ -20,7 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use policy_host::act::{ActError, Executor};
 use policy_host::contract::{Action, KindRef, ObjectRef, PolicyInfo};
 use policy_host::decide::Limits;
-use policy_host::observe::{ChildCache, Observed, observe};
+use policy_host::observe::{CachedChild, ChildCache, Observed, observe};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, install_crd_object, probe_crd};
 use policy_host_testenv::{shared, wait_for};
 use serde_json::{Value, json};
@@ -346,7 +346,7 @@ impl Stage {
         let (cache, mut writer) =
             ChildCache::new(config_map_kind(), ApiResource::erase::<ConfigMap>(&()));
         for child in children {
-            let object: DynamicObject = serde_json::from_value(serde_json::to_value(child)?)?;
+            let object: CachedChild = serde_json::from_value(serde_json::to_value(child)?)?;
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
         Ok(observe(&self.parent, &[cache])?)
