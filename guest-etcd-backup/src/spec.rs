@@ -5,14 +5,13 @@
 //! The doc comments on fields become the field descriptions of the generated CRD schema
 //! (`cargo xtask crdgen`, feature `crd`).
 
+use guest_etcd_core::classic::OtherStorages;
 pub use guest_etcd_core::classic::S3Source;
-use guest_etcd_core::classic::only_s3;
 use guest_etcd_core::spec::{
     Condition, DEFAULT_REPOSITORY, DEFAULT_VERSION, is_dns_subdomain, valid_mc_image,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// How long a snapshot may take (save, restore, upload, serve) when
 /// `spec.backupPolicy.timeoutInSecond` is not set.
@@ -78,18 +77,9 @@ pub struct EtcdBackupSpec {
     /// `<object>_<UTC time>`, e.g. `prod/etcd.backup_20261125T153000Z`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Source>,
-    /// The classic operator's Azure Blob Storage source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub abs: Option<Value>,
-    /// The classic operator's Google Cloud Storage source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub gcs: Option<Value>,
-    /// The classic operator's Alibaba OSS source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub oss: Option<Value>,
+    /// The classic operator's `abs`, `gcs` and `oss`: refused.
+    #[serde(flatten)]
+    pub other_storages: OtherStorages,
     /// A Secret with the client certificate etcd asks of its clients, with the classic
     /// operator's keys `etcd-client.crt`, `etcd-client.key` and `etcd-client-ca.crt`.
     #[serde(
@@ -114,13 +104,6 @@ pub struct EtcdBackupSpec {
     /// the classic API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mc_image: Option<String>,
-}
-
-fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
 }
 
 /// When snapshots are taken, and how long one may take.
@@ -232,15 +215,8 @@ pub struct ValidBackup {
 impl EtcdBackupSpec {
     /// Checks the spec; the error names the field and says what to write.
     pub fn validate(&self) -> Result<ValidBackup, String> {
-        only_s3(
-            "storageType",
-            &self.storage_type,
-            [
-                ("abs", self.abs.is_some()),
-                ("gcs", self.gcs.is_some()),
-                ("oss", self.oss.is_some()),
-            ],
-        )?;
+        self.other_storages
+            .refuse("storageType", &self.storage_type)?;
         let Some(s3) = &self.s3 else {
             return Err("spec.s3 is missing: give path (<bucket>/<object>) and awsSecret".into());
         };

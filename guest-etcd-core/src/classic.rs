@@ -264,25 +264,45 @@ impl S3Source {
     }
 }
 
-/// Refuses the classic operator's other storages (`abs`, `gcs`, `oss`, each set or not) and a
-/// storage type (at `type_field`) that is not S3.
-pub fn only_s3(
-    type_field: &str,
-    storage_type: &str,
-    others: [(&str, bool); 3],
-) -> Result<(), String> {
-    for (field, set) in others {
-        if set {
-            return Err(format!(
-                "spec.{field} is the classic operator's storage that policy-host does not use: write {type_field}: S3 and spec.s3 (any S3-compatible store)"
-            ));
+/// The classic operator's storages other than S3 (`abs`, `gcs`, `oss` of `EtcdBackup` and
+/// `EtcdRestore`): declared, so the API server keeps them in a migrated manifest, and refused.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OtherStorages {
+    /// The classic operator's Azure Blob Storage source: refused (only S3 is supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::spec::any_object")]
+    pub abs: Option<Value>,
+    /// The classic operator's Google Cloud Storage source: refused (only S3 is supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::spec::any_object")]
+    pub gcs: Option<Value>,
+    /// The classic operator's Alibaba OSS source: refused (only S3 is supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::spec::any_object")]
+    pub oss: Option<Value>,
+}
+
+impl OtherStorages {
+    /// Refuses any of these storages that is set, and a storage type (at `type_field`) that
+    /// is not S3.
+    pub fn refuse(&self, type_field: &str, storage_type: &str) -> Result<(), String> {
+        for (field, set) in [
+            ("abs", self.abs.is_some()),
+            ("gcs", self.gcs.is_some()),
+            ("oss", self.oss.is_some()),
+        ] {
+            if set {
+                return Err(format!(
+                    "spec.{field} is the classic operator's storage that policy-host does not use: write {type_field}: S3 and spec.s3 (any S3-compatible store)"
+                ));
+            }
         }
-    }
-    if storage_type.eq_ignore_ascii_case("s3") {
-        Ok(())
-    } else {
-        Err(format!(
-            "spec.{type_field} {storage_type:?} is not supported: write {type_field}: S3 and spec.s3"
-        ))
+        if storage_type.eq_ignore_ascii_case("s3") {
+            Ok(())
+        } else {
+            Err(format!(
+                "spec.{type_field} {storage_type:?} is not supported: write {type_field}: S3 and spec.s3"
+            ))
+        }
     }
 }

@@ -320,7 +320,9 @@ pub struct PodPolicy {
 
 /// Schema of a Kubernetes object the plugin passes through unchecked (the API server
 /// validates it when the pod is created).
-fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+/// The schema of a field kept as any JSON object (unknown fields preserved), for
+/// `#[schemars(schema_with = ..)]`.
+pub fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,

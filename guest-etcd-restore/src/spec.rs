@@ -5,7 +5,7 @@
 //! (`cargo xtask crdgen`, feature `crd`).
 
 pub use guest_etcd_core::classic::S3Source;
-use guest_etcd_core::classic::{ValidS3Object, only_s3};
+use guest_etcd_core::classic::{OtherStorages, ValidS3Object};
 use guest_etcd_core::spec::{Condition, EtcdClusterSpec, is_dns_subdomain};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -66,32 +66,16 @@ pub struct EtcdRestoreSpec {
     /// `s3://`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Source>,
-    /// The classic operator's Azure Blob Storage source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub abs: Option<Value>,
-    /// The classic operator's Google Cloud Storage source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub gcs: Option<Value>,
-    /// The classic operator's Alibaba OSS source: refused (only S3 is supported).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub oss: Option<Value>,
+    /// The classic operator's `abs`, `gcs` and `oss`: refused.
+    #[serde(flatten)]
+    pub other_storages: OtherStorages,
     /// The restored cluster's spec, as an EtcdCluster's (`size`, `version`, `storage`, ...;
     /// default `size: 3` and the default version), without `restore`, which this resource
     /// sets. The classic operator copied the replaced cluster's spec; here it is written
     /// (not in the classic API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
+    #[schemars(schema_with = "guest_etcd_core::spec::any_object")]
     pub cluster_spec: Option<Value>,
-}
-
-fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
 }
 
 /// The classic `EtcdClusterRef`.
@@ -158,15 +142,8 @@ impl EtcdRestoreSpec {
                 "spec.etcdCluster.name {cluster:?} is not a cluster name: write a DNS label such as example-etcd-cluster"
             ));
         }
-        only_s3(
-            "backupStorageType",
-            &self.backup_storage_type,
-            [
-                ("abs", self.abs.is_some()),
-                ("gcs", self.gcs.is_some()),
-                ("oss", self.oss.is_some()),
-            ],
-        )?;
+        self.other_storages
+            .refuse("backupStorageType", &self.backup_storage_type)?;
         let Some(s3) = &self.s3 else {
             return Err("spec.s3 is missing: give path (<bucket>/<object>) and awsSecret".into());
         };
