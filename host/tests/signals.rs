@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
-use policy_host_testenv::{probe_crd, shared, wait_for};
+use policy_host_testenv::{probe_crd, shared_node, wait_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -34,7 +34,7 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
 }
 
 async fn leads_then_stops_on(signal: &str) -> anyhow::Result<()> {
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.patch(

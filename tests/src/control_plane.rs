@@ -61,6 +61,14 @@ const DISABLED_CONTROLLERS: &[&str] = &[
     "resourceclaim-controller",
 ];
 
+/// The disabled controllers a real node needs back: its kubelet heartbeats (node lifecycle),
+/// and its claims are bound to provisioned volumes by Kubernetes itself (the pod runner binds
+/// its own).
+const REAL_NODE_CONTROLLERS: &[&str] = &[
+    "node-lifecycle-controller",
+    "persistentvolume-binder-controller",
+];
+
 /// A running control plane. Dropping it stops the processes and removes a temporary directory.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -189,12 +197,17 @@ impl ControlPlane {
                 .chain(
                     DISABLED_CONTROLLERS
                         .iter()
-                        .filter(|c| !(real_node && **c == "node-lifecycle-controller"))
+                        .filter(|c| !(real_node && REAL_NODE_CONTROLLERS.contains(c)))
                         .map(|c| format!("-{c}")),
                 )
                 .collect::<Vec<_>>()
                 .join(",");
             let mut kcm = guarded_command(binaries.kube_controller_manager());
+            if real_node {
+                // Claims get hostPath volumes under /tmp/hostpath_pv (the in-tree provisioner
+                // for single-node clusters), through the node's default StorageClass.
+                kcm.arg("--enable-hostpath-provisioner=true");
+            }
             kcm.args([
                 format!("--kubeconfig={}", self.kubeconfig.display()),
                 format!("--controllers={controllers}"),

@@ -15,16 +15,19 @@
 //!   kube-proxy beside a control plane serving on the bridge, running Pods from images that
 //!   [`images`] makes from the built binaries (and, for the host, from `deploy/Dockerfile`);
 //!   [`install`] runs the README's install commands against it;
-//! - [`shared`] starts a control plane and the pod runner once per test process, and
-//!   [`shared_node`] a control plane and a real node, each on a dedicated thread with its own
+//! - [`shared_node`] starts a control plane and a real node once per test process, and
+//!   [`shared`] a control plane and the pod runner, each on a dedicated thread with its own
 //!   tokio runtime, so that every `#[tokio::test]` (each with a runtime of its own) can use it.
+//!   Both give a [`TestEnv`], whose `kill_pod`, `fail_pod`, `pod_logs` and `claim_dir` do what
+//!   a test needs the way the node at hand can. The end-to-end suites run on the real node; the
+//!   pod runner stays for the benches whose Pods no kubelet should run, and its own tests.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), policy_host_testenv::Error> {
-//! let env = policy_host_testenv::shared().await?;
+//! let env = policy_host_testenv::shared_node().await?;
 //! let client = env.client().await?;
 //! let ns = env.create_namespace("my-test").await?;
-//! // ... create Pods in `ns` with `client`; they run as local processes ...
+//! // ... create Pods in `ns` with `client`; the kubelet runs them in containerd ...
 //! # let _ = (client, ns);
 //! # Ok(()) }
 //! ```
@@ -59,7 +62,7 @@ use std::path::PathBuf;
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use pod_runner::{PodRunner, PodRunnerHandle, PodRunnerOptions};
-pub use shared::{NodeEnv, TestEnv, shared, shared_blocking, shared_node};
+pub use shared::{TestEnv, shared, shared_blocking, shared_node};
 
 /// Everything that can go wrong while finding binaries, starting the control plane or running
 /// Pods. Each message says what was wrong and what to do about it.
@@ -137,9 +140,9 @@ pub enum Error {
         /// How long it waited.
         seconds: u64,
     },
-    /// The Pod asked for is not run by this pod runner.
+    /// The Pod asked for has no running container on this node.
     #[error(
-        "pod {namespace}/{name} is not running on this pod runner; wait for it to be bound and started first"
+        "pod {namespace}/{name} has no running container here; wait until it is bound and started first"
     )]
     UnknownPod {
         /// Namespace of the Pod.
@@ -147,6 +150,21 @@ pub enum Error {
         /// Name of the Pod.
         name: String,
     },
+    /// A claim a test asked for has no volume yet.
+    #[error(
+        "claim {namespace}/{claim} is not bound to a hostPath volume yet; wait until its phase is Bound"
+    )]
+    UnboundClaim {
+        /// Namespace of the claim.
+        namespace: String,
+        /// Name of the claim.
+        claim: String,
+    },
+    /// A real-node operation was asked of the pod runner's environment.
+    #[error(
+        "this test environment runs Pods on the pod runner, not a real node; use shared_node() for images and containerd"
+    )]
+    NotARealNode,
     /// A local container image could not be made.
     #[error("image {image} could not be made: {problem}")]
     Image {

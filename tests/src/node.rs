@@ -212,6 +212,7 @@ impl Node {
         node.start_coredns(plane, binaries, dns_ready, dns_health)?;
         node.start_kube_proxy(plane, binaries, proxy_healthz, proxy_metrics)?;
         node.wait_ready(plane, dns_ready, proxy_healthz).await?;
+        create_default_storage_class(plane).await?;
         tracing::info!(
             seconds = started.elapsed().as_secs_f64(),
             "real node {NODE_NAME} ready"
@@ -397,7 +398,7 @@ authorization:
 "#,
             cgroup_root = self.cgroup_root,
             socket = self.socket.display(),
-            pod_logs = self.dir.join("pod-logs").display(),
+            pod_logs = self.pod_logs_dir().display(),
         );
         let config_path = root.join("config.yaml");
         write(&config_path, &config)?;
@@ -580,6 +581,12 @@ authorization:
         &self.socket
     }
 
+    /// Where the kubelet writes container logs
+    /// (`<namespace>_<pod>_<uid>/<container>/<restart>.log`).
+    pub fn pod_logs_dir(&self) -> PathBuf {
+        self.dir.join("pod-logs")
+    }
+
     /// Log files of containerd, the kubelet, CoreDNS and kube-proxy, by component name.
     pub fn log_paths(&self) -> Vec<(String, PathBuf)> {
         self.processes
@@ -739,6 +746,42 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(Error::io(format!("writing {}", path.display())))
 }
 
+/// The name of the node's default StorageClass.
+pub const STORAGE_CLASS: &str = "standard";
+
+/// A default StorageClass for the in-tree hostPath provisioner (kube-controller-manager runs
+/// with `--enable-hostpath-provisioner`), so a claim with no class gets a volume under
+/// `/tmp/hostpath_pv/`, as on a single-node development cluster.
+async fn create_default_storage_class(plane: &ControlPlane) -> Result<()> {
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let classes: Api<StorageClass> = Api::all(plane.client().await?);
+    let class: StorageClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": "kubernetes.io/host-path",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }))
+    .map_err(|e| Error::Command {
+        what: "writing the default StorageClass".into(),
+        output: e.to_string(),
+    })?;
+    match classes
+        .create(&kube::api::PostParams::default(), &class)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!(
+            "creating StorageClass {STORAGE_CLASS}"
+        ))(e)),
+    }
+}
+
 /// The images every node gets: the pod sandbox, etcd of each built version (as the
 /// `gcr.io/etcd-development/etcd:v<version>` the etcd plugin runs), Redis of the installed
 /// series (`redis:<version>`), and `minio/mc` when the s3 family is built. Written into
@@ -786,19 +829,24 @@ pub fn standard_images(binaries: &Binaries, dir: &Path) -> Result<Vec<PathBuf>> 
             ..ImageSpec::new(format!("redis:{version}"), files)
         });
     }
-    if let Some(mc) = binaries.mc() {
-        specs.push(ImageSpec {
-            entrypoint: vec!["mc".into()],
-            ..ImageSpec::new(
-                crate::node::MC_IMAGE,
-                vec![ImageFile {
-                    source: mc,
-                    path: "/usr/bin/mc".into(),
-                }],
-            )
-        });
-    }
+    specs.extend(mc_image(binaries));
     specs.iter().map(|spec| spec.write_archive(dir)).collect()
+}
+
+/// The `mc` image ([`MC_IMAGE`]), when the s3 family is built (`build-binaries.sh s3`, or
+/// [`Binaries::ensure_s3`]); a node started before that gets it with `TestEnv::load_image`.
+pub fn mc_image(binaries: &Binaries) -> Option<ImageSpec> {
+    let mc = binaries.mc()?;
+    Some(ImageSpec {
+        entrypoint: vec!["mc".into()],
+        ..ImageSpec::new(
+            MC_IMAGE,
+            vec![ImageFile {
+                source: mc,
+                path: "/usr/bin/mc".into(),
+            }],
+        )
+    })
 }
 
 /// The `mc` image the etcd plugin's S3 backups default to.

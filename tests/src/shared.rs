@@ -5,16 +5,18 @@
 //! Why a thread of its own: every `#[tokio::test]` has a runtime that dies with the test, and
 //! anything shared (watchers, container supervisors, the processes' parent thread for
 //! `PR_SET_PDEATHSIG`) must outlive all tests. Tests talk to it only through the API server,
-//! files, and the runtime-agnostic [`PodRunnerHandle`].
+//! files, and [`TestEnv`]'s methods (the pod runner's through the runtime-agnostic [`PodRunnerHandle`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+};
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::control_plane::{client_from, kube_config_from, random_hex};
 use crate::images::ImageSpec;
@@ -23,7 +25,9 @@ use crate::{
     Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle, Result,
 };
 
-/// The shared environment of a test process. Get it with [`shared`].
+/// The shared environment of a test process: a control plane and what runs its Pods, a real
+/// node ([`shared_node`]) or the pod runner ([`shared`]). Tests that kill, fail or read Pods go
+/// through its methods, which do it the way the node at hand can.
 #[derive(Debug)]
 pub struct TestEnv {
     binaries: Binaries,
@@ -31,8 +35,19 @@ pub struct TestEnv {
     server: String,
     dir: PathBuf,
     logs: Vec<(String, PathBuf)>,
-    runner: PodRunnerHandle,
+    pods: Pods,
     setup_time: Duration,
+}
+
+/// What runs the Pods of a [`TestEnv`].
+#[derive(Debug)]
+enum Pods {
+    Runner(PodRunnerHandle),
+    Node {
+        images_dir: PathBuf,
+        containerd_socket: PathBuf,
+        pod_logs: PathBuf,
+    },
 }
 
 static SHARED: OnceLock<Result<TestEnv, String>> = OnceLock::new();
@@ -82,7 +97,7 @@ fn start() -> Result<TestEnv, String> {
                             server: plane.server_url().to_owned(),
                             dir: plane.dir().to_owned(),
                             logs: plane.log_paths(),
-                            runner: runner.handle(),
+                            pods: Pods::Runner(runner.handle()),
                             setup_time: started.elapsed(),
                         };
                         eprintln!(
@@ -116,59 +131,6 @@ async fn start_on_this_thread() -> Result<(ControlPlane, PodRunner, Binaries)> {
     let plane = ControlPlane::start(&binaries, ControlPlaneOptions::default()).await?;
     let runner = plane.run_pods(binaries.clone()).await?;
     Ok((plane, runner, binaries))
-}
-
-impl TestEnv {
-    /// The kubeconfig (admin token, TLS verification off), for kubectl or other processes.
-    pub fn kubeconfig_path(&self) -> &Path {
-        &self.kubeconfig
-    }
-
-    /// The apiserver URL.
-    pub fn server_url(&self) -> &str {
-        &self.server
-    }
-
-    /// The binaries in use.
-    pub fn binaries(&self) -> &Binaries {
-        &self.binaries
-    }
-
-    /// The directory of the control plane's data and logs (the pod runner's is `runner/` in it).
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Log files of etcd, kube-apiserver and kube-controller-manager.
-    pub fn control_plane_logs(&self) -> &[(String, PathBuf)] {
-        &self.logs
-    }
-
-    /// How long the first [`shared`] call took to bring everything up.
-    pub fn setup_time(&self) -> Duration {
-        self.setup_time
-    }
-
-    /// The pod runner: test hooks (`kill_pod`, `fail_pod`, `pod_ip`) and log paths.
-    pub fn pod_runner(&self) -> &PodRunnerHandle {
-        &self.runner
-    }
-
-    /// A kube-rs config for the admin user.
-    pub async fn kube_config(&self) -> Result<kube::Config> {
-        kube_config_from(&self.kubeconfig).await
-    }
-
-    /// A new admin client in the caller's runtime (create one per test).
-    pub async fn client(&self) -> Result<kube::Client> {
-        client_from(&self.kubeconfig).await
-    }
-
-    /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
-    /// ServiceAccount exists (Pod admission refuses Pods before that). Returns the name.
-    pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
-        create_namespace(self.client().await?, prefix).await
-    }
 }
 
 /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
@@ -211,29 +173,16 @@ async fn create_namespace(client: kube::Client, prefix: &str) -> Result<String> 
     Ok(name)
 }
 
-/// The shared environment of a test process that runs Pods on a real node: the control plane
-/// (with kube-scheduler, serving on [`crate::node::NODE_IP`]) and one node (containerd, kubelet,
-/// CNI bridge, CoreDNS, kube-proxy) with the standard images imported. Get it with
-/// [`shared_node`].
-#[derive(Debug)]
-pub struct NodeEnv {
-    binaries: Binaries,
-    kubeconfig: PathBuf,
-    server: String,
-    dir: PathBuf,
-    logs: Vec<(String, PathBuf)>,
-    images_dir: PathBuf,
-    containerd_socket: PathBuf,
-    setup_time: Duration,
-}
-
-static SHARED_NODE: OnceLock<Result<NodeEnv, String>> = OnceLock::new();
+/// The shared real-node environment: the control plane (with kube-scheduler, serving on
+/// [`crate::node::NODE_IP`]) and one node (containerd, kubelet, CNI bridge, CoreDNS,
+/// kube-proxy) with the standard images imported.
+static SHARED_NODE: OnceLock<Result<TestEnv, String>> = OnceLock::new();
 
 /// The shared real-node environment, started on first call (binaries ensured, node family
 /// included; bridge, control plane, images and node started: about 15 s with everything
 /// cached). Later calls return the same environment, or the same startup error. Torn down when
 /// the test process ends (a watchdog process does it: statics are never dropped).
-pub async fn shared_node() -> Result<&'static NodeEnv> {
+pub async fn shared_node() -> Result<&'static TestEnv> {
     if let Some(ready) = SHARED_NODE.get() {
         return ready.as_ref().map_err(|e| Error::Shared(e.clone()));
     }
@@ -247,7 +196,7 @@ pub async fn shared_node() -> Result<&'static NodeEnv> {
     .map_err(|e| Error::Shared(format!("the startup task panicked: {e}")))?
 }
 
-fn start_node_env() -> Result<NodeEnv, String> {
+fn start_node_env() -> Result<TestEnv, String> {
     let (sender, receiver) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("policy-host-testenv-node".into())
@@ -268,14 +217,17 @@ fn start_node_env() -> Result<NodeEnv, String> {
                     Ok((network, plane, node, binaries, images_dir)) => {
                         let mut logs = plane.log_paths();
                         logs.extend(node.log_paths());
-                        let env = NodeEnv {
+                        let env = TestEnv {
                             binaries,
                             kubeconfig: plane.kubeconfig_path().to_owned(),
                             server: plane.server_url().to_owned(),
                             dir: plane.dir().to_owned(),
                             logs,
-                            images_dir,
-                            containerd_socket: node.containerd_socket().to_owned(),
+                            pods: Pods::Node {
+                                images_dir,
+                                containerd_socket: node.containerd_socket().to_owned(),
+                                pod_logs: node.pod_logs_dir(),
+                            },
                             setup_time: started.elapsed(),
                         };
                         eprintln!(
@@ -330,13 +282,13 @@ async fn start_node_on_this_thread() -> Result<(NodeNetwork, ControlPlane, Node,
     Ok((network, plane, node, binaries, images_dir))
 }
 
-impl NodeEnv {
+impl TestEnv {
     /// The kubeconfig (admin token, TLS verification off), for kubectl or other processes.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
     }
 
-    /// The apiserver URL (`https://10.244.0.1:<port>`).
+    /// The apiserver URL (`https://10.244.0.1:<port>` with a real node).
     pub fn server_url(&self) -> &str {
         &self.server
     }
@@ -346,7 +298,8 @@ impl NodeEnv {
         &self.binaries
     }
 
-    /// The directory of the control plane's data and logs (the node's is `node/` in it).
+    /// The directory of the control plane's data and logs (the node's is `node/` in it, the pod
+    /// runner's `runner/`).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -356,14 +309,23 @@ impl NodeEnv {
         &self.logs
     }
 
-    /// How long the first [`shared_node`] call took to bring everything up.
+    /// How long the first [`shared`] or [`shared_node`] call took to bring everything up.
     pub fn setup_time(&self) -> Duration {
         self.setup_time
     }
 
-    /// A new admin client in the caller's runtime (create one per test).
-    pub async fn client(&self) -> Result<kube::Client> {
-        client_from(&self.kubeconfig).await
+    /// Whether Pods run on a real node (kubelet, containerd) rather than the pod runner.
+    pub fn is_real_node(&self) -> bool {
+        matches!(self.pods, Pods::Node { .. })
+    }
+
+    /// The pod runner's own hooks (`pod_ip`, `log_path`, `cluster_command`), when Pods run on
+    /// it; `None` on a real node.
+    pub fn pod_runner(&self) -> Option<&PodRunnerHandle> {
+        match &self.pods {
+            Pods::Runner(runner) => Some(runner),
+            Pods::Node { .. } => None,
+        }
     }
 
     /// A kube-rs config for the admin user.
@@ -371,32 +333,184 @@ impl NodeEnv {
         kube_config_from(&self.kubeconfig).await
     }
 
+    /// A new admin client in the caller's runtime (create one per test).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from(&self.kubeconfig).await
+    }
+
     /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
-    /// ServiceAccount exists. Returns the name.
+    /// ServiceAccount exists (Pod admission refuses Pods before that). Returns the name.
     pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
         create_namespace(self.client().await?, prefix).await
     }
 
-    /// Writes `image` as an archive (cached) and imports it into the node's containerd, so Pods
-    /// naming it start without a registry.
-    pub fn load_image(&self, image: &ImageSpec) -> Result<()> {
-        let archive = image.write_archive(&self.images_dir)?;
-        crate::node::import_image(&self.binaries.ctr(), &self.containerd_socket, &archive)
+    /// SIGKILLs every running container of the Pod, like a crash or the OOM killer: its
+    /// restart policy then applies (`restartCount` goes up with `Always`). On a real node
+    /// through containerd, after which the kubelet sees the exit.
+    pub async fn kill_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        match &self.pods {
+            Pods::Runner(runner) => runner.kill_pod(namespace, name).await,
+            Pods::Node { .. } => {
+                let pod = self.pod(namespace, name).await?;
+                let running: Vec<String> = pod
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    .filter_map(|c| c.container_id)
+                    .collect();
+                if running.is_empty() {
+                    return Err(Error::UnknownPod {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
+                running.iter().try_for_each(|id| self.kill_container(id))
+            }
+        }
     }
 
-    /// Kills a container on this node with SIGKILL through its containerd (`ctr tasks kill`),
-    /// the way a crash or the OOM killer ends it: the kubelet sees it exit and applies the
-    /// pod's restart policy. `container_id` is a pod status's `containerID`
+    /// Ends the Pod for good, with no restart: a member that stays dead until the Pod is
+    /// deleted. On a real node the kubelet does it: the Pod's `activeDeadlineSeconds` is set to
+    /// 1 (a field that may be set on a running Pod), so the kubelet kills its containers and
+    /// marks it Failed (`DeadlineExceeded`), as it marks an evicted Pod. Returns once the Pod is
+    /// Failed.
+    pub async fn fail_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        match &self.pods {
+            Pods::Runner(runner) => runner.fail_pod(namespace, name).await,
+            Pods::Node { .. } => {
+                let pods: Api<Pod> = Api::namespaced(self.client().await?, namespace);
+                pods.patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"activeDeadlineSeconds": 1}})),
+                )
+                .await
+                .map_err(Error::kube(format!(
+                    "setting activeDeadlineSeconds of pod {namespace}/{name}"
+                )))?;
+                crate::wait_for(
+                    &format!("pod {namespace}/{name} to be Failed by the kubelet"),
+                    Duration::from_secs(60),
+                    || async {
+                        let pod = pods.get_opt(name).await.ok().flatten()?;
+                        let phase = pod.status.and_then(|s| s.phase);
+                        (phase.as_deref() == Some("Failed")).then_some(())
+                    },
+                )
+                .await
+            }
+        }
+    }
+
+    /// Every container log of a Pod (all restarts), each under a header: for printing when a
+    /// test fails. Empty when there is none.
+    pub async fn pod_logs(&self, namespace: &str, name: &str) -> String {
+        match &self.pods {
+            Pods::Runner(runner) => runner.pod_logs(namespace, name),
+            Pods::Node { pod_logs, .. } => {
+                // The kubelet's layout: <namespace>_<pod>_<uid>/<container>/<restart>.log.
+                let prefix = format!("{namespace}_{name}_");
+                let mut files = Vec::new();
+                let dirs = std::fs::read_dir(pod_logs)
+                    .map(|entries| entries.flatten().map(|e| e.path()).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                for dir in dirs.iter().filter(|d| {
+                    d.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+                }) {
+                    for container in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                        files.extend(
+                            std::fs::read_dir(container.path())
+                                .into_iter()
+                                .flatten()
+                                .flatten()
+                                .map(|e| e.path()),
+                        );
+                    }
+                }
+                files.sort();
+                let mut out = String::new();
+                for file in files {
+                    out.push_str(&format!("==> {} <==\n", file.display()));
+                    out.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
+                }
+                out
+            }
+        }
+    }
+
+    /// The directory holding a PersistentVolumeClaim's data: on a real node the hostPath of
+    /// the volume the claim is bound to, on the pod runner its own directory.
+    pub async fn claim_dir(&self, namespace: &str, claim: &str) -> Result<PathBuf> {
+        match &self.pods {
+            Pods::Runner(runner) => Ok(runner.claim_dir(namespace, claim)),
+            Pods::Node { .. } => {
+                let client = self.client().await?;
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+                let found = claims
+                    .get(claim)
+                    .await
+                    .map_err(Error::kube(format!("reading claim {namespace}/{claim}")))?;
+                let unbound = || Error::UnboundClaim {
+                    namespace: namespace.to_owned(),
+                    claim: claim.to_owned(),
+                };
+                let volume = found.spec.and_then(|s| s.volume_name).ok_or_else(unbound)?;
+                let volumes: Api<PersistentVolume> = Api::all(client);
+                volumes
+                    .get(&volume)
+                    .await
+                    .map_err(Error::kube(format!("reading volume {volume}")))?
+                    .spec
+                    .and_then(|s| s.host_path)
+                    .map(|h| PathBuf::from(h.path))
+                    .ok_or_else(unbound)
+            }
+        }
+    }
+
+    /// Writes `image` as an archive (cached) and imports it into the node's containerd, so Pods
+    /// naming it start without a registry. Only a real node has images.
+    pub fn load_image(&self, image: &ImageSpec) -> Result<()> {
+        let (images_dir, containerd_socket) = self.node_parts()?;
+        let archive = image.write_archive(images_dir)?;
+        crate::node::import_image(&self.binaries.ctr(), containerd_socket, &archive)
+    }
+
+    /// Kills a container on the real node with SIGKILL through its containerd (`ctr tasks
+    /// kill`), the way a crash or the OOM killer ends it: the kubelet sees it exit and applies
+    /// the pod's restart policy. `container_id` is a pod status's `containerID`
     /// (`containerd://<id>`, or the bare id).
     pub fn kill_container(&self, container_id: &str) -> Result<()> {
+        let (_, containerd_socket) = self.node_parts()?;
         let id = container_id
             .strip_prefix("containerd://")
             .unwrap_or(container_id);
         crate::node::ctr(
             &self.binaries.ctr(),
-            &self.containerd_socket,
+            containerd_socket,
             &["tasks", "kill", "--signal", "SIGKILL", id],
         )
         .map(drop)
+    }
+
+    fn node_parts(&self) -> Result<(&Path, &Path)> {
+        match &self.pods {
+            Pods::Node {
+                images_dir,
+                containerd_socket,
+                ..
+            } => Ok((images_dir, containerd_socket)),
+            Pods::Runner(_) => Err(Error::NotARealNode),
+        }
+    }
+
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await?, namespace);
+        pods.get(name)
+            .await
+            .map_err(Error::kube(format!("reading pod {namespace}/{name}")))
     }
 }

@@ -85,7 +85,7 @@ async fn wait_pod(
             eprintln!(
                 "pod {name} now: {}\nlogs:\n{}",
                 serde_json::to_string_pretty(&current.map(|p| p.status)).unwrap_or_default(),
-                env.pod_runner().pod_logs(&namespace, name)
+                runner(env).pod_logs(&namespace, name)
             );
             Err(e.into())
         }
@@ -162,7 +162,7 @@ async fn readiness_comes_from_the_probe() -> Result<()> {
     );
     assert_eq!(phase(&ready), "Running");
     assert_eq!(
-        env.pod_runner()
+        runner(env)
             .pod_ip(&ns, "ready-after-file")
             .await
             .map(|ip| ip.to_string()),
@@ -243,7 +243,7 @@ async fn pods_resolve_each_other_by_hostname_subdomain_and_service() -> Result<(
         |p| phase(p) == "Succeeded",
     )
     .await?;
-    let log = std::fs::read_to_string(env.pod_runner().log_path(&ns, "second", "lookup"))?;
+    let log = std::fs::read_to_string(runner(env).log_path(&ns, "second", "lookup"))?;
     assert_eq!(
         log.lines()
             .filter(|l| l.starts_with(&format!("{ip} ")))
@@ -348,7 +348,7 @@ async fn an_etcd_pod_serves_etcdctl_from_its_claim() -> Result<()> {
     let claim = claims.get("data-etcd-0").await?;
     assert_eq!(claim.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
     assert!(
-        env.pod_runner()
+        runner(env)
             .claim_dir(&ns, "data-etcd-0")
             .join("member")
             .is_dir(),
@@ -407,7 +407,7 @@ async fn killed_pods_restart_failed_pods_stay_dead_and_deleted_pods_stop() -> Re
     .await?;
     let first_pid = container_pid(&running).context("no container id")?;
 
-    env.pod_runner().kill_pod(&ns, "crashy").await?;
+    runner(env).kill_pod(&ns, "crashy").await?;
     let restarted = wait_pod(
         env,
         &pods,
@@ -444,7 +444,7 @@ async fn killed_pods_restart_failed_pods_stay_dead_and_deleted_pods_stop() -> Re
         |p| phase(p) == "Running",
     )
     .await?;
-    env.pod_runner().fail_pod(&ns, "doomed").await?;
+    runner(env).fail_pod(&ns, "doomed").await?;
     let failed = wait_pod(
         env,
         &pods,
@@ -575,10 +575,9 @@ async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_repl
         .context("etcd not built")?
         .join("etcdctl");
     let cluster_health = || async {
-        let ip = env.pod_runner().pod_ip(&ns, "etcd-0").await?;
+        let ip = runner(env).pod_ip(&ns, "etcd-0").await?;
         // Members advertise DNS names: resolve them as a Pod would.
-        let output = env
-            .pod_runner()
+        let output = runner(env)
             .cluster_command(&etcdctl)
             .args([
                 &format!("--endpoints=http://{ip}:2379"),
@@ -711,7 +710,7 @@ async fn an_image_change_restarts_the_container_in_place_on_the_new_version() ->
         .unwrap_or_default();
     assert!(image.ends_with(new.as_str()), "status reports {image}");
     // Ready comes with the process start (no probe), before `etcd --version` has printed.
-    let runner = env.pod_runner();
+    let runner = runner(env);
     let logs = wait_for(
         "both etcd versions in the container's log",
         Duration::from_secs(30),
@@ -730,4 +729,10 @@ async fn an_image_change_restarts_the_container_in_place_on_the_new_version() ->
         runner.pod_logs(&ns, "versioned")
     );
     Ok(())
+}
+
+/// The pod runner of the shared environment (these are its own tests).
+fn runner(env: &TestEnv) -> &policy_host_testenv::PodRunnerHandle {
+    env.pod_runner()
+        .expect("shared() runs Pods on the pod runner")
 }

@@ -604,7 +604,7 @@ async fn bench() -> Result<()> {
         anyhow::ensure!(victim_id.len() == 1, "{victim} is not a member");
         let replace = scenario
             .measure(3, &new, &victim_id, async {
-                env.pod_runner().fail_pod(&namespace, &victim).await?;
+                env.fail_pod(&namespace, &victim).await?;
                 Ok(())
             })
             .await?;

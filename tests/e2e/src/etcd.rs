@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
-use policy_host_testenv::{TestEnv, shared};
+use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 
 use crate::{HostUnderTest, init_logging, install_crd};
@@ -108,7 +108,7 @@ impl EtcdFixture {
         plugins: &[(&str, &str)],
     ) -> anyhow::Result<EtcdFixture> {
         init_logging();
-        let env = shared().await?;
+        let env = shared_node().await?;
         let client = env.client().await?;
         let mut files = Vec::new();
         for (package, crd) in plugins {
@@ -322,7 +322,7 @@ impl EtcdFixture {
             );
         }
         for pod in [format!("{}-backup", self.name), format!("{}-0", self.name)] {
-            let logs = self.env.pod_runner().pod_logs(&self.namespace, &pod);
+            let logs = self.env.pod_logs(&self.namespace, &pod).await;
             let tail: Vec<&str> = logs.lines().rev().take(20).collect();
             eprintln!(
                 "[{}] {pod} last log lines (newest first):\n{}",

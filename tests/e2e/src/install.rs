@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use policy_host_testenv::{NodeEnv, install};
+use policy_host_testenv::{TestEnv, install};
 
 use crate::repo_root;
 
@@ -57,7 +57,7 @@ fn target_dir() -> PathBuf {
 
 /// Makes the host's image as `deploy/Dockerfile` describes it, under the name
 /// `deploy/deployment.yaml` uses, imports it into the node, and returns the name.
-pub fn load_host_image(env: &NodeEnv) -> anyhow::Result<String> {
+pub fn load_host_image(env: &TestEnv) -> anyhow::Result<String> {
     let host = host_binary()?;
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -68,7 +68,7 @@ pub fn load_host_image(env: &NodeEnv) -> anyhow::Result<String> {
 
 /// Runs the cache's kubectl with the environment's kubeconfig, from the repository root (so
 /// the README's relative paths work), and returns its standard output.
-pub fn kubectl(env: &NodeEnv, args: &[&str]) -> anyhow::Result<String> {
+pub fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
     Ok(install::run_kubectl(
         &repo_root(),
         &env.binaries().kubectl(),
@@ -79,7 +79,7 @@ pub fn kubectl(env: &NodeEnv, args: &[&str]) -> anyhow::Result<String> {
 
 /// Runs the README's install commands as written (see
 /// [`policy_host_testenv::install::run_readme_install`]); returns the lines run.
-pub fn run_readme_install(env: &NodeEnv) -> anyhow::Result<Vec<String>> {
+pub fn run_readme_install(env: &TestEnv) -> anyhow::Result<Vec<String>> {
     Ok(install::run_readme_install(
         &repo_root(),
         &env.binaries().kubectl(),

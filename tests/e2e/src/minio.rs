@@ -1,20 +1,20 @@
 //! A real MinIO server for the suites that back up to S3: built on demand
-//! (`tests/env/build-binaries.sh s3`), started on a loopback address of its own, with `mc` to
-//! look into its buckets. The pod runner rewrites `127.0.0.1` in Pods' env and args to the
-//! Pod's IP, and Pod IPs are `127.<10..209>.x.y`, so MinIO listens elsewhere.
+//! (`tests/env/build-binaries.sh s3`, with the `mc` image then imported into the node), started
+//! on the node's address (the bridge's gateway, which Pods and the test process both reach),
+//! with `mc` to look into its buckets.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use policy_host_testenv::Binaries;
+use policy_host_testenv::TestEnv;
 use serde_json::Value;
 
 use crate::etcd::eventually;
 
-/// MinIO's address: outside the pod runner's `127.<10..209>.x.y` Pod IPs and not 127.0.0.1.
-pub const MINIO_IP: Ipv4Addr = Ipv4Addr::new(127, 254, 0, 1);
+/// MinIO's address: the real node's, where the control plane also serves.
+pub const MINIO_IP: Ipv4Addr = policy_host_testenv::node::NODE_IP;
 /// MinIO's root user, which a test's credentials Secret also holds.
 pub const ACCESS_KEY: &str = "policyhoste2e";
 /// MinIO's root password, which a test's credentials Secret also holds.
@@ -22,7 +22,7 @@ pub const SECRET_KEY: &str = "policyhoste2esecret";
 /// A MinIO server on `MINIO_IP` with its data in a directory of its own; killed and its
 /// directory removed on drop.
 pub struct Minio {
-    /// `http://127.254.0.1:<port>`.
+    /// `http://10.244.0.1:<port>`.
     pub endpoint: String,
     mc: PathBuf,
     /// Its data directory (scratch files of a test may go there too).
@@ -31,11 +31,15 @@ pub struct Minio {
 }
 
 impl Minio {
-    /// Builds MinIO and mc if needed, starts the server on a free port and waits until its
-    /// liveness endpoint answers.
-    pub async fn start(binaries: &Binaries) -> anyhow::Result<Minio> {
+    /// Builds MinIO and mc if needed (and imports the `mc` image into the node), starts the
+    /// server on a free port and waits until its liveness endpoint answers.
+    pub async fn start(env: &'static TestEnv) -> anyhow::Result<Minio> {
+        let binaries = env.binaries();
         let build = binaries.clone();
         tokio::task::spawn_blocking(move || build.ensure_s3()).await??;
+        let image = policy_host_testenv::node::mc_image(binaries)
+            .ok_or_else(|| anyhow::anyhow!("the mc image is missing after building mc"))?;
+        tokio::task::spawn_blocking(move || env.load_image(&image)).await??;
         let mc = binaries
             .mc()
             .ok_or_else(|| anyhow::anyhow!("mc is missing after building it"))?;

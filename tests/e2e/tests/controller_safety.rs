@@ -18,7 +18,7 @@ use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
 use policy_host::{Running, Settings};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -127,7 +127,7 @@ async fn release_finalizers(host: HostUnderTest, api: &Api<DynamicObject>, names
 async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_it()
 -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("partial-view").await?;
@@ -227,7 +227,7 @@ fn failures(running: &Running, reason: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn looping_parents_do_not_starve_the_other_parents_of_their_policy() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("off-task").await?;
@@ -345,7 +345,7 @@ fn short_grace(namespace: &str, plugin: Option<std::path::PathBuf>) -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_left_by_a_renamed_plugin_is_finalized_by_its_successor() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("renamed").await?;
@@ -394,7 +394,7 @@ async fn a_parent_left_by_a_renamed_plugin_is_finalized_by_its_successor() -> an
 async fn a_parent_whose_finalize_keeps_trapping_is_released_after_the_grace() -> anyhow::Result<()>
 {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("finalize-trap").await?;
@@ -437,7 +437,7 @@ async fn a_parent_whose_finalize_keeps_trapping_is_released_after_the_grace() ->
 async fn parents_and_their_namespace_are_deleted_after_their_plugin_is_unloaded()
 -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("unloaded").await?;

@@ -141,8 +141,8 @@ async fn scheduled_snapshots_keep_the_newest_verified_and_restore() -> anyhow::R
         // The claim holds exactly the two listed files: no third, nothing half-written.
         let dir = fixture
             .env
-            .pod_runner()
-            .claim_dir(&fixture.namespace, &format!("backup-{NAME}"));
+            .claim_dir(&fixture.namespace, &format!("backup-{NAME}"))
+            .await?;
         let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)?
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect::<Result<_, _>>()?;

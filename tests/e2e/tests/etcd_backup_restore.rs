@@ -82,7 +82,7 @@ async fn a_classic_backup_goes_to_s3_verified_and_a_classic_restore_brings_its_k
     )
     .await?;
     let outcome = async {
-        let minio = Minio::start(fixture.env.binaries()).await?;
+        let minio = Minio::start(fixture.env).await?;
         minio.mc(&["mb", &format!("s3/{BUCKET}")]).await?;
         let client = fixture.env.client().await?;
         let namespace = fixture.namespace.clone();

@@ -20,7 +20,7 @@ use policy_host_e2e::etcd::{
     etcd_clusters, etcd_version, eventually, pod_endpoint, pod_ready, run_etcdctl,
 };
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::shared;
+use policy_host_testenv::shared_node;
 use serde_json::{Value, json};
 
 const NAME: &str = "drilled";
@@ -87,7 +87,7 @@ async fn kills(events: &Api<Event>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chaos_drill_kills_members_and_loses_no_acknowledged_write() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("etcd-chaos").await?;

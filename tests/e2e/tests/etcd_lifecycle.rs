@@ -22,7 +22,7 @@ use policy_host_e2e::etcd::{
     etcd_clusters, etcd_version, eventually, pod_endpoint, pod_ready, run_etcdctl,
 };
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::{TestEnv, shared};
+use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 
 /// How long one membership change (or the creation of a cluster) may take to converge.
@@ -53,7 +53,7 @@ impl Fixture {
     /// picks the client version.
     async fn start(prefix: &str, etcdctl_minor: &str) -> anyhow::Result<Fixture> {
         init_logging();
-        let env = shared().await?;
+        let env = shared_node().await?;
         let client = env.client().await?;
         install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
         let namespace = env.create_namespace(prefix).await?;
@@ -348,7 +348,7 @@ impl Fixture {
         if let Ok(pods) = self.live_pods().await {
             for pod in pods {
                 let name = pod.metadata.name.unwrap_or_default();
-                let logs = self.env.pod_runner().pod_logs(&self.namespace, &name);
+                let logs = self.env.pod_logs(&self.namespace, &name).await;
                 let tail: Vec<&str> = logs.lines().rev().take(15).collect();
                 eprintln!(
                     "[{}] {name} last log lines (newest first):\n{}",
@@ -420,11 +420,7 @@ async fn a_failed_member_is_replaced_and_a_crashed_one_restarts() -> anyhow::Res
 
         // A crash with restartPolicy Always: the process comes back on its data directory
         // and is the same member.
-        fixture
-            .env
-            .pod_runner()
-            .kill_pod(&fixture.namespace, &victim)
-            .await?;
+        fixture.env.kill_pod(&fixture.namespace, &victim).await?;
         eventually("the killed member to restart", CONVERGE, || async {
             let pod = fixture.pods.get(&victim).await.map_err(|e| e.to_string())?;
             let restarts = pod
@@ -452,11 +448,7 @@ async fn a_failed_member_is_replaced_and_a_crashed_one_restarts() -> anyhow::Res
             .find(|m| m["name"] == json!(victim))
             .map(|m| m["ID"].to_string())
             .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
-        fixture
-            .env
-            .pod_runner()
-            .fail_pod(&fixture.namespace, &victim)
-            .await?;
+        fixture.env.fail_pod(&fixture.namespace, &victim).await?;
         eventually("the failed member to leave etcd", CONVERGE, || async {
             let members = fixture.any_member_list().await?;
             (!member_ids(&members).contains(&victim_id))
@@ -896,8 +888,8 @@ async fn a_snapshot_restores_into_a_new_cluster() -> anyhow::Result<()> {
         assert!(backup["lastSuccessTime"].is_string(), "{backup}");
         let file = fixture
             .env
-            .pod_runner()
             .claim_dir(&fixture.namespace, &format!("backup-{NAME}"))
+            .await?
             .join(&snapshot);
         let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         assert!(size > 0, "{} holds the snapshot", file.display());
@@ -962,14 +954,16 @@ async fn quorum_loss_is_reported_and_recovered_from_the_last_snapshot() -> anyho
         let old_cluster_id =
             fixture.cluster().await.map_err(anyhow::Error::msg)?["status"]["clusterID"].clone();
 
-        // Two of three members fail for good, with their emptyDir data: no quorum, ever.
-        for victim in [format!("{NAME}-1"), format!("{NAME}-2")] {
-            fixture
-                .env
-                .pod_runner()
-                .fail_pod(&fixture.namespace, &victim)
-                .await?;
-        }
+        // Two of three members fail for good at once, with their emptyDir data: no quorum,
+        // ever. (One after the other, the first would be removed from a still-quorate
+        // cluster.)
+        let (first, second) = (format!("{NAME}-1"), format!("{NAME}-2"));
+        let (first, second) = tokio::join!(
+            fixture.env.fail_pod(&fixture.namespace, &first),
+            fixture.env.fail_pod(&fixture.namespace, &second),
+        );
+        first?;
+        second?;
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(fixture.client.clone(), &fixture.namespace);
         let reported = eventually("a QuorumLost Warning event", CONVERGE, || async {
@@ -1029,8 +1023,10 @@ async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
             .map(|m| m["ID"].to_string())
             .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
 
-        // Its etcd keeps dying as soon as it runs: five crashes in a row.
-        for crash in 1..=5 {
+        // Its etcd keeps dying as soon as it runs. The kubelet counts a restart when it
+        // starts the container again, so after the sixth crash the pod waits in
+        // CrashLoopBackOff with five restarts: the plugin's threshold.
+        for crash in 1..=6 {
             eventually(
                 &format!("{victim} running before crash {crash}"),
                 CONVERGE,
@@ -1053,11 +1049,7 @@ async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
                 },
             )
             .await?;
-            fixture
-                .env
-                .pod_runner()
-                .kill_pod(&fixture.namespace, &victim)
-                .await?;
+            fixture.env.kill_pod(&fixture.namespace, &victim).await?;
         }
         eventually(
             "the crash-looping member to leave etcd",

@@ -25,7 +25,7 @@ use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
 use policy_host_testenv::network::cut_pod_network;
-use policy_host_testenv::{NodeEnv, shared_node};
+use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
@@ -45,7 +45,7 @@ fn reconciles(host: &HostUnderTest) -> u64 {
 
 /// A 3-member EtcdCluster `NAME` on the real node, reconciled by an in-process host.
 struct Cluster {
-    env: &'static NodeEnv,
+    env: &'static TestEnv,
     host: HostUnderTest,
     namespace: String,
     clusters: Api<DynamicObject>,

@@ -50,7 +50,7 @@ async fn sha256(path: &Path) -> anyhow::Result<String> {
 async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> anyhow::Result<()> {
     let mut fixture = EtcdFixture::start("etcd-s3", "3.6", NAME).await?;
     let outcome = async {
-        let minio = Minio::start(fixture.env.binaries()).await?;
+        let minio = Minio::start(fixture.env).await?;
         minio.mc(&["mb", &format!("s3/{BUCKET}")]).await?;
         let secrets: Api<Secret> = Api::namespaced(fixture.env.client().await?, &fixture.namespace);
         let credentials: Secret = serde_json::from_value(json!({
@@ -153,8 +153,8 @@ async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> an
         );
         let claim = fixture
             .env
-            .pod_runner()
-            .claim_dir(&fixture.namespace, &format!("backup-{NAME}"));
+            .claim_dir(&fixture.namespace, &format!("backup-{NAME}"))
+            .await?;
         let scratch = minio.dir.join("downloaded");
         std::fs::create_dir_all(&scratch)?;
         for snapshot in &kept {

@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, etcd_version, eventually, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::shared;
+use policy_host_testenv::shared_node;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     SanType,
@@ -271,7 +271,7 @@ impl Fixture {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("etcd-tls").await?;
@@ -419,7 +419,7 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
         }
         if let Ok((_, names)) = fixture.endpoints().await {
             for name in names {
-                let logs = env.pod_runner().pod_logs(&namespace, &name);
+                let logs = env.pod_logs(&namespace, &name).await;
                 let tail: Vec<&str> = logs.lines().rev().take(15).collect();
                 eprintln!("[{namespace}] {name} (newest first):\n{}", tail.join("\n"));
             }

@@ -12,7 +12,7 @@ use policy_host::Settings;
 use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(90);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crd_deleted_after_its_plugin_was_unloaded_goes_with_its_parents() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     let crd_name = install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("crd-gone").await?;

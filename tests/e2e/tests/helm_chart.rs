@@ -13,7 +13,7 @@ use std::process::Command;
 
 use policy_host::plugin_cli::keygen::keygen;
 use policy_host_e2e::{init_logging, repo_root};
-use policy_host_testenv::shared;
+use policy_host_testenv::shared_node;
 use serde::Deserialize;
 use serde_yaml::Value;
 
@@ -111,7 +111,7 @@ fn the_chart_renders_the_deploy_manifests_for_its_defaults() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_with_every_option_set_is_accepted_by_the_api_server() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let helm = tokio::task::spawn_blocking(helm).await??;
     let keys = tempfile::tempdir()?;
     let key = keygen(&keys.path().join("platform-team"))?;

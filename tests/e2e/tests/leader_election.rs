@@ -16,7 +16,7 @@ use policy_host::leader::LeaseSettings;
 use policy_host_e2e::etcd::{etcd_clusters, etcd_version, eventually, pod_endpoint, run_etcdctl};
 use policy_host_e2e::install_crd;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
-use policy_host_testenv::{TestEnv, shared, wait_for};
+use policy_host_testenv::{TestEnv, shared_node, wait_for};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -60,7 +60,7 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lease_holder_decides_and_a_standby_takes_over() -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("leader").await?;
@@ -198,7 +198,7 @@ async fn the_leader_killed_mid_scale_up_leaves_no_membership_change_done_twice()
 -> anyhow::Result<()> {
     const NAME: &str = "handed-over";
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("leader-etcd").await?;

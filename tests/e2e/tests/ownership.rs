@@ -22,7 +22,7 @@ use policy_host::contract::{Action, KindRef, ObjectRef, PolicyInfo};
 use policy_host::decide::Limits;
 use policy_host::observe::{CachedChild, ChildCache, Observed, observe};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, install_crd_object, probe_crd};
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -55,7 +55,7 @@ async fn events_about(client: &Client, namespace: &str, name: &str) -> Vec<Event
 async fn an_etcd_cluster_never_takes_over_a_service_or_claim_it_does_not_own() -> anyhow::Result<()>
 {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("ownership-etcd").await?;
@@ -257,7 +257,7 @@ struct Stage {
 impl Stage {
     async fn new(prefix: &str) -> anyhow::Result<Self> {
         init_logging();
-        let env = shared().await?;
+        let env = shared_node().await?;
         let client = env.client().await?;
         install_crd_object(&client, probe_crd()?).await?;
         let namespace = env.create_namespace(prefix).await?;

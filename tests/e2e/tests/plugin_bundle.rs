@@ -23,7 +23,7 @@ use policy_host::decide::Limits;
 use policy_host::load::trust::TrustPolicy;
 use policy_host::plugin_cli::{self, PackRequest, keygen::keygen};
 use policy_host_e2e::{HostUnderTest, init_logging, repo_root};
-use policy_host_testenv::{TestEnv, shared, wait_for};
+use policy_host_testenv::{TestEnv, shared_node, wait_for};
 
 #[path = "../../../xtask/src/new_plugin.rs"]
 mod new_plugin;
@@ -99,7 +99,7 @@ async fn service_account_client(env: &TestEnv) -> anyhow::Result<Client> {
 async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_rights()
 -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let admin = env.client().await?;
     kubectl(env, &["apply", "-f", "deploy/rbac.yaml"])?;
 

@@ -15,7 +15,7 @@ use policy_host::load::pack::{self, PackOptions};
 use policy_host_e2e::{
     HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
 };
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -84,7 +84,7 @@ async fn writes_outside_the_grants_are_refused_and_nothing_is_written() -> anyho
     let component = std::fs::read(
         policy_host_test_plugins::build_version("1.0.0").map_err(|e| anyhow::anyhow!("{e}"))?,
     )?;
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-grants").await?;

@@ -16,7 +16,7 @@ use policy_host::load::pack::{self, PackOptions};
 use policy_host_e2e::{
     HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
 };
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -156,7 +156,7 @@ async fn release(api: &Api<DynamicObject>, names: &[&str]) {
 async fn config_map_plugins_load_swap_refuse_and_unload() -> anyhow::Result<()> {
     init_logging();
     let (v1, v2) = (build("1.0.0")?, build("2.0.0")?);
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-loading").await?;
@@ -275,7 +275,7 @@ async fn a_shadow_compares_without_acting_and_is_promoted_by_one_field() -> anyh
     init_logging();
     const CANDIDATE: &str = "plugin-probe-candidate";
     let (v2, v4) = (build("2.0.0")?, build("4.0.0")?);
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-shadow").await?;

@@ -18,7 +18,7 @@ use policy_host::plugin_cli::keygen::keygen;
 use policy_host_e2e::{
     HostUnderTest, init_logging, install_crd_object, plugins, probe_crd, probes,
 };
-use policy_host_testenv::{shared, wait_for};
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -68,7 +68,7 @@ async fn only_plugins_signed_by_a_trusted_key_load() -> anyhow::Result<()> {
     let admin = SigningKey::from_pem_file(&admin_key.private)?;
     let stranger = SigningKey::from_pem_file(&stranger_key.private)?;
 
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-trust").await?;

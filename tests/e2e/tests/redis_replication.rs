@@ -12,7 +12,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams}
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::{TestEnv, shared, wait_for};
+use policy_host_testenv::{TestEnv, shared_node, wait_for};
 use serde_json::{Value, json};
 
 const CONVERGE: Duration = Duration::from_secs(180);
@@ -155,7 +155,7 @@ async fn service_points_at(
 async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_writes()
 -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/redisreplication.yaml").await?;
     let namespace = env.create_namespace("redis-failover").await?;
@@ -247,7 +247,7 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
 
     // Kill the primary: a replica is promoted, the Service follows it, no acknowledged write is lost.
     let killed = std::time::Instant::now();
-    env.pod_runner().kill_pod(&namespace, &primary).await?;
+    env.kill_pod(&namespace, &primary).await?;
     let status = converged(&objects, &name, 1, Some(&primary)).await?;
     let promoted = status["primary"].as_str().unwrap_or_default().to_owned();
     eprintln!(

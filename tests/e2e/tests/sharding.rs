@@ -23,7 +23,7 @@ use policy_host::leader::LeaseSettings;
 use policy_host::shard::{SHARD_LABEL, Shard};
 use policy_host_e2e::etcd::eventually;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
-use policy_host_testenv::{TestEnv, shared};
+use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -167,7 +167,7 @@ struct Parent {
 async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_hands_over()
 -> anyhow::Result<()> {
     init_logging();
-    let env = shared().await?;
+    let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("shards").await?;
