@@ -267,6 +267,16 @@ build_node() {
   install_go_program coredns github.com/coredns/coredns "$COREDNS_VERSION"
 }
 
+# One build of a family at a time per cache: an on-demand build (a suite's `ensure_s3`) waits
+# for the same family's build already running (`cargo xtask test` starts s3 and helm in the
+# background) and then finds it done.
+mkdir -p "$cache"
+exec 9>"$cache/.build-$what.lock"
+if ! flock -n 9; then
+  say "another build of '$what' into $cache is running: waiting for it"
+  flock 9
+fi
+
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]; then
   say "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has kube-apiserver: using it, not building kubernetes"
   [ "$what" = kube ] && exit 0

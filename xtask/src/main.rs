@@ -80,15 +80,7 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Task::Test { cargo_test_args } => {
-            setup(&root)?;
-            step("cargo test --workspace (unit, sandbox and end-to-end suites)");
-            run(Command::new(cargo())
-                // Not --all-targets: benches are bench binaries, run by `cargo bench`.
-                .args(["test", "--workspace"])
-                .args(["--", "--test-threads", "4"])
-                .args(cargo_test_args))
-        }
+        Task::Test { cargo_test_args } => test(&root, &cargo_test_args),
         Task::Lint => {
             step("cargo fmt --check");
             run(Command::new(cargo()).args(["fmt", "--all", "--", "--check"]))?;
@@ -134,16 +126,123 @@ fn run(command: &mut Command) -> anyhow::Result<()> {
 }
 
 fn setup(root: &Path) -> anyhow::Result<()> {
+    wasm_target()?;
+    step("control-plane, etcd and node binaries (cached after the first build; cold ~20 min)");
+    run(Command::new("bash").arg(root.join("tests/env/build-binaries.sh")))?;
+    plugins()
+}
+
+/// `setup`, then every test. On a cold machine the two long builds overlap: the Go programs
+/// build while the plugins and the Rust test binaries do (neither keeps both cores busy all the
+/// time), and the ones only a few suites need (MinIO and mc, helm) build at the lowest priority
+/// while the first suites run, which mostly wait on etcd and the API server. A suite that gets
+/// there first waits for that build (`build-binaries.sh` builds a family once at a time).
+fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
+    let script = root.join("tests/env/build-binaries.sh");
+    wasm_target()?;
+    step(
+        "control-plane, etcd and node binaries, building beside the Rust build (cached after the first build)",
+    );
+    let mut go = Background::spawn(Command::new("bash").arg(&script), "build-binaries.sh")?;
+    plugins()?;
+    step("cargo test --workspace --no-run (the test binaries, while the Go programs build)");
+    let built = run(Command::new(cargo()).args(["test", "--workspace", "--no-run"]));
+    let go_built = go.wait();
+    built?;
+    go_built?;
+    let log = root.join("target/build-binaries-s3-helm.log");
+    step(&format!(
+        "MinIO, mc and helm build in the background at the lowest priority (log: {})",
+        log.display()
+    ));
+    let file =
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let mut late = Background::spawn(
+        Command::new("nice")
+            .args(["-n", "19", "bash", "-c", r#""$0" s3 && "$0" helm"#])
+            .arg(&script)
+            .stdout(file.try_clone()?)
+            .stderr(file),
+        "build-binaries.sh s3, helm",
+    )?;
+    step("cargo test --workspace (unit, sandbox and end-to-end suites)");
+    let tested = run(Command::new(cargo())
+        // Not --all-targets: benches are bench binaries, run by `cargo bench`.
+        .args(["test", "--workspace"])
+        .args(["--", "--test-threads", "4"])
+        .args(cargo_test_args));
+    if tested.is_err() {
+        late.stop();
+    }
+    let late_built = late.wait();
+    tested?;
+    late_built
+}
+
+/// A build running beside others; stopped (by its process group) if dropped unfinished.
+struct Background {
+    child: Option<std::process::Child>,
+    what: &'static str,
+}
+
+impl Background {
+    fn spawn(command: &mut Command, what: &'static str) -> anyhow::Result<Background> {
+        use std::os::unix::process::CommandExt as _;
+        let child = command
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        Ok(Background {
+            child: Some(child),
+            what,
+        })
+    }
+
+    fn wait(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let status = child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.what))?;
+        if !status.success() {
+            bail!("{} failed with {status}; its output says why", self.what);
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        if let Some(child) = &self.child
+            && let Ok(pid) = i32::try_from(child.id())
+        {
+            // The whole group: bash and the go builds it started.
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wasm_target() -> anyhow::Result<()> {
     step("rustup target add wasm32-wasip2");
     if Command::new("rustup").arg("--version").output().is_ok() {
         run(Command::new("rustup").args(["target", "add", "wasm32-wasip2"]))?;
     } else {
         eprintln!("rustup not found: assuming the toolchain already has wasm32-wasip2");
     }
-    step(
-        "control-plane and etcd binaries (cached after the first build; a cold build takes ~20 min)",
-    );
-    run(Command::new("bash").arg(root.join("tests/env/build-binaries.sh")))?;
+    Ok(())
+}
+
+fn plugins() -> anyhow::Result<()> {
     step("plugins (wasm32-wasip2)");
     for plugin in [
         "guest-etcd",
