@@ -5,7 +5,8 @@
 //! Why a thread of its own: every `#[tokio::test]` has a runtime that dies with the test, and
 //! anything shared (watchers, container supervisors, the processes' parent thread for
 //! `PR_SET_PDEATHSIG`) must outlive all tests. Tests talk to it only through the API server,
-//! files, and [`TestEnv`]'s methods (the pod runner's through the runtime-agnostic [`PodRunnerHandle`]).
+//! files, and [`TestEnv`]'s methods (to the pod runner through the runtime-agnostic
+//! [`PodRunnerHandle`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -312,11 +313,6 @@ impl TestEnv {
     /// How long the first [`shared`] or [`shared_node`] call took to bring everything up.
     pub fn setup_time(&self) -> Duration {
         self.setup_time
-    }
-
-    /// Whether Pods run on a real node (kubelet, containerd) rather than the pod runner.
-    pub fn is_real_node(&self) -> bool {
-        matches!(self.pods, Pods::Node { .. })
     }
 
     /// The pod runner's own hooks (`pod_ip`, `log_path`, `cluster_command`), when Pods run on
