@@ -29,6 +29,7 @@
 //! `LATENCY_BENCH_CONCURRENCY` (8), `LATENCY_BENCH_WAIT_S` (120: a change not reconciled by
 //! then counts as missed, and as that long in the percentiles).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,6 +72,9 @@ struct Starts {
     /// Every reconcile started since the host did.
     count: AtomicU64,
     awaited: Mutex<Option<Awaited>>,
+    /// When each parent (`namespace/name`) last started a reconcile: a parent the controller
+    /// starves shows here.
+    last: Mutex<HashMap<String, Instant>>,
 }
 
 impl Starts {
@@ -92,6 +96,12 @@ impl Starts {
 
     /// `parent` at `version` was reconciled (`reconciled`) or seen by the watch, at `at`.
     fn report(&self, parent: &str, version: u64, reconciled: bool, at: Instant) {
+        if reconciled {
+            self.last
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(parent.to_owned(), at);
+        }
         let mut awaited = self.awaited.lock().unwrap_or_else(|p| p.into_inner());
         let Some(waiting) = awaited.as_mut() else {
             return;
@@ -263,9 +273,9 @@ async fn bench() -> Result<()> {
     policy_host_e2e::install_crd_object(&client, policy_host_e2e::probe_crd()?).await?;
     let wasm = policy_host_test_plugins::build("misbehaving-policy").map_err(|e| anyhow!("{e}"))?;
     println!(
-        "| parents | requeue s | applies per decision | concurrency | background reconciles/s (expected) | samples | not started within the wait | ack → reconcile started ms p50 / p90 / p99 / max | sent → started p99 ms | watch delivery ms p50 / p99 | queue wait ms p50 / p90 / p99 / max | started before ack | host CPU per reconcile µs | load avg (1 5 15 min) | setup s |"
+        "| parents | requeue s | applies per decision | concurrency | background reconciles/s (expected) | samples | not started within the wait | ack → reconcile started ms p50 / p90 / p99 / max | sent → started p99 ms | watch delivery ms p50 / p99 | queue wait ms p50 / p90 / p99 / max | started before ack | parents not reconciled for 2 requeue intervals at the end | host CPU per reconcile µs | load avg (1 5 15 min) | setup s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|---:|---|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|---|---:|");
     for parents in steps {
         let step = Step {
             parents,
@@ -423,6 +433,13 @@ async fn measure(
         from_sent.push(started - sent);
         delivery.push(seen.saturating_duration_since(acked));
         queued.push(started.saturating_duration_since(seen));
+        if sample % 25 == 24 || started.saturating_duration_since(acked) > Duration::from_secs(1) {
+            eprintln!(
+                "[latency] sample {} ({name}): ack → started {:.1} ms",
+                sample + 1,
+                ms(started.saturating_duration_since(acked))
+            );
+        }
         let next = window_started + step.pace * (sample as u32 + 1);
         tokio::time::sleep_until(next.into()).await;
     }
@@ -430,6 +447,18 @@ async fn measure(
     let reconciles = starts.count.load(Ordering::Relaxed) - count_started;
     let cpu = cpu_time() - cpu_started;
     let load = loadavg();
+    // Parents whose last reconcile is older than two requeue intervals: starved by the queue.
+    let idle = {
+        let last = starts.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        names
+            .iter()
+            .filter(|name| {
+                last.get(&format!("{namespace}/{name}"))
+                    .is_none_or(|at| now - *at > 2 * step.requeue)
+            })
+            .count()
+    };
     host.stop().await;
     watch_task.abort();
 
@@ -438,7 +467,7 @@ async fn measure(
     let mut delivery_sorted = delivery.clone();
     delivery_sorted.sort();
     println!(
-        "| {} | {} | {} | {} | {:.0} ({:.0}) | {} | {missed} | {} | {:.1} | {:.1} / {:.1} | {} | {} | {:.0} | {load} | {:.0} |",
+        "| {} | {} | {} | {} | {:.0} ({:.0}) | {} | {missed} | {} | {:.1} | {:.1} / {:.1} | {} | {} | {idle} | {:.0} | {load} | {:.0} |",
         step.parents,
         step.requeue.as_secs_f64(),
         step.applies,
