@@ -20,7 +20,10 @@
 //! resourceVersion. Two more instants split that time: the bench's own watch of the parents
 //! (a second watch in the same process, on the same API server) seeing the change measures
 //! watch delivery, and the rest is the wait in the controller's queue. Changes are paced, one
-//! at a time, one every `LATENCY_BENCH_PACE_MS` from the start of sampling.
+//! at a time, one every `LATENCY_BENCH_PACE_MS` from the start of sampling. At the end it
+//! also counts the parents whose last reconcile is older than two requeue intervals: a
+//! controller behind its requeues starves some parents (BENCHMARKS.md, "From a change to its
+//! reconcile").
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench reconcile_latency`.
 //! `LATENCY_BENCH_PARENTS` (a comma-separated list of steps, default `10000`; each step in a
