@@ -372,6 +372,14 @@ async fn reconcile(
         parent.name_any()
     );
     ctx.metrics.reconcile_started(&ctx.policy);
+    // The moment a reconcile starts, for the bench that times a change to a parent until its
+    // reconcile (tests/e2e/benches/reconcile_latency.rs, issue 17): TRACE only, so it costs
+    // a disabled callsite's check unless a subscriber asks for it.
+    tracing::trace!(
+        parent = %label,
+        resource_version = parent.resource_version().as_deref().unwrap_or_default(),
+        "reconcile started"
+    );
     let finalizer = ctx.finalizer();
     let has_own = parent.finalizers().contains(&finalizer);
     // Finalizers of a policy that is no longer loaded (renamed, unloaded) are this policy's

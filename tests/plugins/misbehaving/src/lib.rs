@@ -17,7 +17,11 @@
 //!   baseline pod security a grant allows by default);
 //! - `log-flood`: logs `spec.count` short lines (default 100,000) in one decision;
 //! - `refuse-huge`: refuses with a reason of `spec.count` bytes (default 100,000) and a
-//!   message ten times that.
+//!   message ten times that;
+//! - `steady`: a parent at steady state: re-applies `spec.applies` unchanged ConfigMaps
+//!   `<parent>-steady-<n>` (default none; guest-etcd's steady decision re-applies three
+//!   objects), writes no status and requeues after `spec.requeueMs` (default 30,000, guest-etcd's
+//!   steady requeue): the background of the reconcile latency bench.
 //!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
@@ -207,6 +211,28 @@ mod plugin {
                             json!({ "logged": line.len() }).to_string(),
                         )],
                         requeue_after_ms: None,
+                    })
+                }
+                "steady" => {
+                    let applies = parent["spec"]["applies"].as_u64().unwrap_or(0);
+                    let actions = (0..applies)
+                        .map(|n| {
+                            Action::Apply(
+                                json!({
+                                    "apiVersion": "v1",
+                                    "kind": "ConfigMap",
+                                    "metadata": { "name": format!("{name}-steady-{n}") },
+                                    "data": { "behaviour": "steady" },
+                                })
+                                .to_string(),
+                            )
+                        })
+                        .collect();
+                    Ok(Decision {
+                        actions,
+                        requeue_after_ms: Some(
+                            parent["spec"]["requeueMs"].as_u64().unwrap_or(30_000),
+                        ),
                     })
                 }
                 _ => {
