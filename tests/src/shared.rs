@@ -370,27 +370,45 @@ impl TestEnv {
     /// Ends the Pod for good, with no restart: a member that stays dead until the Pod is
     /// deleted. On a real node the kubelet does it: the Pod's `activeDeadlineSeconds` is set to
     /// 1 (a field that may be set on a running Pod), so the kubelet kills its containers and
-    /// marks it Failed (`DeadlineExceeded`), as it marks an evicted Pod. Returns once the Pod is
-    /// Failed.
+    /// marks it Failed (`DeadlineExceeded`), as it marks an evicted Pod. Returns once that Pod
+    /// is Failed, or already gone: its owner may delete and replace a failed Pod (same name,
+    /// another uid) before a poll sees it Failed.
     pub async fn fail_pod(&self, namespace: &str, name: &str) -> Result<()> {
         match &self.pods {
             Pods::Runner(runner) => runner.fail_pod(namespace, name).await,
             Pods::Node { .. } => {
                 let pods: Api<Pod> = Api::namespaced(self.client().await?, namespace);
+                let uid = self
+                    .pod(namespace, name)
+                    .await?
+                    .metadata
+                    .uid
+                    .unwrap_or_default();
+                // The uid makes the patch a precondition: this Pod, not a later one.
                 pods.patch(
                     name,
                     &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"spec": {"activeDeadlineSeconds": 1}})),
+                    &Patch::Merge(serde_json::json!({
+                        "metadata": {"uid": uid},
+                        "spec": {"activeDeadlineSeconds": 1},
+                    })),
                 )
                 .await
                 .map_err(Error::kube(format!(
                     "setting activeDeadlineSeconds of pod {namespace}/{name}"
                 )))?;
                 crate::wait_for(
-                    &format!("pod {namespace}/{name} to be Failed by the kubelet"),
+                    &format!("pod {namespace}/{name} to be Failed by the kubelet (or replaced)"),
                     Duration::from_secs(60),
                     || async {
-                        let pod = pods.get_opt(name).await.ok().flatten()?;
+                        let pod = match pods.get_opt(name).await {
+                            Ok(Some(pod)) => pod,
+                            Ok(None) => return Some(()),
+                            Err(_) => return None,
+                        };
+                        if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
+                            return Some(());
+                        }
                         let phase = pod.status.and_then(|s| s.phase);
                         (phase.as_deref() == Some("Failed")).then_some(())
                     },
