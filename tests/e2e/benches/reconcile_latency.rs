@@ -190,26 +190,6 @@ fn resource_version(object: &DynamicObject) -> Result<u64> {
         .context("a resourceVersion that is not a number (this bench compares them)")
 }
 
-/// CPU time this process has used (user + system, `/proc/self/stat` fields 14 and 15): the
-/// host and the bench, not the API server.
-fn cpu_time() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            let rest = stat.rsplit_once(')')?.1.to_owned();
-            let fields: Vec<u64> = rest
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
-    // The kernel's USER_HZ is 100 on every Linux this runs on.
-    Duration::from_millis(ticks * 10)
-}
-
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
@@ -394,7 +374,7 @@ async fn measure(
 
     let (count_started, cpu_started, window_started) = (
         starts.count.load(Ordering::Relaxed),
-        cpu_time(),
+        policy_host_e2e::process_cpu_time(),
         Instant::now(),
     );
     let (mut from_ack, mut from_sent, mut delivery, mut queued) =
@@ -448,7 +428,7 @@ async fn measure(
     }
     let window = window_started.elapsed();
     let reconciles = starts.count.load(Ordering::Relaxed) - count_started;
-    let cpu = cpu_time() - cpu_started;
+    let cpu = policy_host_e2e::process_cpu_time() - cpu_started;
     let load = loadavg();
     // Parents whose last reconcile is older than two requeue intervals: starved by the queue.
     let idle = {

@@ -428,25 +428,6 @@ fn scan_for_children(caches: &[ChildCache], parent: &DynamicObject) -> usize {
         .sum()
 }
 
-/// CPU time this process has used (user + system, `/proc/self/stat` fields 14 and 15).
-fn cpu_time() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            let rest = stat.rsplit_once(')')?.1.to_owned();
-            let fields: Vec<u64> = rest
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
-    // The kernel's USER_HZ is 100 on every Linux this runs on.
-    Duration::from_millis(ticks * 10)
-}
-
 /// A steady decision changes no member: no Pod applied, nothing deleted.
 fn is_steady(decision: &Decision) -> bool {
     decision.actions.iter().all(|action| match action {
@@ -918,7 +899,7 @@ async fn host_child(config: Value) -> Result<Value> {
         let next = Arc::new(AtomicUsize::new(0));
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
         let round_started = Instant::now();
-        let cpu_started = cpu_time();
+        let cpu_started = policy_host_e2e::process_cpu_time();
         let mut workers = tokio::task::JoinSet::new();
         for _ in 0..concurrency {
             let (host, parents, scripts, next) =
@@ -942,7 +923,7 @@ async fn host_child(config: Value) -> Result<Value> {
                 decide_times.push(d);
             }
         }
-        let cpu = cpu_time() - cpu_started;
+        let cpu = policy_host_e2e::process_cpu_time() - cpu_started;
         rates.push(decisions as f64 / round_started.elapsed().as_secs_f64());
         cpu_rates.push(decisions as f64 / cpu.as_secs_f64().max(0.01));
         all_decisions += decisions;

@@ -209,3 +209,23 @@ pub fn probes() -> kube::api::ApiResource {
 pub fn probe_crd() -> anyhow::Result<CustomResourceDefinition> {
     Ok(policy_host_testenv::probe_crd()?)
 }
+
+/// CPU time this process has used (user + system, `/proc/self/stat` fields 14 and 15), for the
+/// benches' decisions per CPU-second: the host in-process and the bench, not the API server.
+pub fn process_cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1.to_owned();
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    // The kernel's USER_HZ is 100 on every Linux this runs on.
+    Duration::from_millis(ticks * 10)
+}
