@@ -40,6 +40,76 @@ pub struct TestEnv {
     setup_time: Duration,
 }
 
+/// A test's own namespace (dereferences to its name), deleted with everything in it when
+/// dropped. Why: suites share one control plane and node per test process, and a finished
+/// test's etcd members would otherwise keep running (taking CPU and the node's Pod slots)
+/// until the process ends. A test that panicked keeps its namespace for a look afterwards.
+#[derive(Debug)]
+pub struct TestNamespace {
+    name: String,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::ops::Deref for TestNamespace {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl AsRef<str> for TestNamespace {
+    fn as_ref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "policy-host-testenv: kept namespace {} of a failed test",
+                self.name
+            );
+            return;
+        }
+        // Not waited for: the namespace controller deletes its objects in the background.
+        // kubectl, not a kube client: a drop cannot await, and it may run on any runtime.
+        let deleted = std::process::Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !matches!(deleted, Ok(status) if status.success()) {
+            eprintln!(
+                "policy-host-testenv: could not delete namespace {} ({deleted:?})",
+                self.name
+            );
+        }
+    }
+}
+
 /// What runs the Pods of a [`TestEnv`].
 #[derive(Debug)]
 enum Pods {
@@ -335,9 +405,15 @@ impl TestEnv {
     }
 
     /// Creates a namespace named `<prefix>-<unique suffix>` and waits until its `default`
-    /// ServiceAccount exists (Pod admission refuses Pods before that). Returns the name.
-    pub async fn create_namespace(&self, prefix: &str) -> Result<String> {
-        create_namespace(self.client().await?, prefix).await
+    /// ServiceAccount exists (Pod admission refuses Pods before that). The namespace is
+    /// deleted when the returned guard drops (at the end of the test), unless the test panicked.
+    pub async fn create_namespace(&self, prefix: &str) -> Result<TestNamespace> {
+        let name = create_namespace(self.client().await?, prefix).await?;
+        Ok(TestNamespace {
+            name,
+            kubectl: self.binaries.kubectl(),
+            kubeconfig: self.kubeconfig.clone(),
+        })
     }
 
     /// SIGKILLs every running container of the Pod, like a crash or the OOM killer: its

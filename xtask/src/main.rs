@@ -144,11 +144,19 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
         "control-plane, etcd and node binaries, building beside the Rust build (cached after the first build)",
     );
     let mut go = Background::spawn(Command::new("bash").arg(&script), "build-binaries.sh")?;
-    plugins()?;
-    step("cargo test --workspace --no-run (the test binaries, while the Go programs build)");
+    // The plugins build into their own target directory (target/plugins), so beside the test
+    // binaries: each ends in a one-core LTO link that would otherwise leave a core idle.
+    let plugins_built = std::thread::spawn(plugins);
+    step(
+        "cargo test --workspace --no-run (the test binaries, beside the plugins and the Go programs)",
+    );
     let built = run(Command::new(cargo()).args(["test", "--workspace", "--no-run"]));
+    let plugins_built = plugins_built
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the plugin build thread panicked")));
     let go_built = go.wait();
     built?;
+    plugins_built?;
     go_built?;
     let log = root.join("target/build-binaries-s3-helm.log");
     step(&format!(
@@ -381,4 +389,49 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::process::Command;
+
+    use super::{cargo, workspace_root};
+
+    /// Every package with its features, as `cargo tree` resolves them for `args`.
+    fn resolved(args: &[&str]) -> Result<BTreeSet<String>, String> {
+        let output = Command::new(cargo())
+            .current_dir(workspace_root())
+            .args(["tree", "--offline", "--prefix", "none", "--no-dedupe"])
+            .args(["--format", "{p} [{f}]"])
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run cargo tree: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "cargo tree {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// Why: a cold CI run builds xtask first, then the test binaries; a dependency resolved
+    /// with other features for xtask is compiled twice (see xtask/Cargo.toml).
+    #[test]
+    fn xtask_builds_its_dependencies_as_the_test_build_does() -> Result<(), String> {
+        let xtask = resolved(&["--package", "xtask", "--edges", "normal,build"])?;
+        let workspace = resolved(&["--workspace", "--edges", "normal,build,dev"])?;
+        let differing: Vec<&String> = xtask.difference(&workspace).collect();
+        assert!(
+            differing.is_empty(),
+            "these are resolved with other features for `cargo xtask` than for `cargo test \
+             --workspace`, so a cold build compiles them twice; add the dependency that enables \
+             the missing features to xtask/Cargo.toml's unifying section: {differing:#?}"
+        );
+        Ok(())
+    }
 }

@@ -1,5 +1,5 @@
 //! Decision tables of the EtcdBackup plugin, on observations built by hand and a scripted
-//! etcd gateway (fakes for pure-logic tests; `tests/e2e/tests/etcd_backup_restore.rs` runs the
+//! etcd gateway (fakes for pure-logic tests; `tests/e2e/tests/suites/etcd_backup_restore.rs` runs the
 //! real thing).
 
 use guest_etcd_core::etcd_api::{GatewayEtcdApi, HASH_KV_PATH, STATUS_PATH};

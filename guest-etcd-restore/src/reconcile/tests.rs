@@ -1,5 +1,5 @@
 //! Decision tables of the EtcdRestore plugin, on observations built by hand (pure logic;
-//! `tests/e2e/tests/etcd_backup_restore.rs` runs the real thing).
+//! `tests/e2e/tests/suites/etcd_backup_restore.rs` runs the real thing).
 
 use policy_host_sdk::contract::{Action, Decision, EventType};
 use policy_host_sdk::testing::observation;

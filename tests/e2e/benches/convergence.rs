@@ -542,7 +542,7 @@ async fn bench() -> Result<()> {
             env,
             clusters: Api::namespaced_with(client.clone(), &namespace, &etcd_clusters()),
             pods: Api::namespaced(client.clone(), &namespace),
-            namespace: namespace.clone(),
+            namespace: namespace.to_string(),
             etcdctl: etcdctl.clone(),
             host: &host,
             timeline,

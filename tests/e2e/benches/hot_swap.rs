@@ -90,7 +90,7 @@ async fn bench() -> Result<()> {
             .await?;
         let mut settings = HostUnderTest::settings(&namespace, Limits::default())?;
         settings = Settings {
-            plugin_namespace: Some(namespace.clone()),
+            plugin_namespace: Some(namespace.to_string()),
             artifact_cache: cached
                 .then(|| std::env::temp_dir().join(format!("hot-swap-bench-{namespace}"))),
             ..settings

@@ -551,7 +551,7 @@ async fn bench() -> Result<()> {
                 .count();
             let config = json!({
                 "kubeconfig": env.kubeconfig_path(),
-                "namespace": namespace,
+                "namespace": namespace.name(),
                 "wasm": wasm,
                 "cache": cache_dir,
                 "seconds": env_or("SCALE_BENCH_SECONDS", 5.0),

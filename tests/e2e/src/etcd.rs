@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
-use policy_host_testenv::{TestEnv, shared_node};
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
 use serde_json::{Value, json};
 
 use crate::{HostUnderTest, init_logging, install_crd};
@@ -71,7 +71,7 @@ pub struct EtcdFixture {
     /// When the fixture started (after the shared environment was up).
     pub started: Instant,
     /// The test's own namespace.
-    pub namespace: String,
+    pub namespace: TestNamespace,
     /// The host under test, until `finish`.
     pub host: Option<HostUnderTest>,
     /// EtcdClusters of the namespace.

@@ -29,7 +29,7 @@ async fn a_crd_deleted_after_its_plugin_was_unloaded_goes_with_its_parents() -> 
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     )?;
     let mut settings = Settings {
-        plugin_namespace: Some(namespace.clone()),
+        plugin_namespace: Some(namespace.to_string()),
         ..HostUnderTest::settings(&namespace, Limits::default())?
     };
     settings.controller.finalizer_grace = Duration::from_secs(2);

@@ -85,7 +85,7 @@ async fn a_classic_backup_goes_to_s3_verified_and_a_classic_restore_brings_its_k
         let minio = Minio::start(fixture.env).await?;
         minio.mc(&["mb", &format!("s3/{BUCKET}")]).await?;
         let client = fixture.env.client().await?;
-        let namespace = fixture.namespace.clone();
+        let namespace = fixture.namespace.to_string();
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
         let credentials: Secret = serde_json::from_value(json!({
             "metadata": {"name": "aws"},

@@ -73,7 +73,7 @@ async fn only_plugins_signed_by_a_trusted_key_load() -> anyhow::Result<()> {
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-trust").await?;
     let settings = Settings {
-        plugin_namespace: Some(namespace.clone()),
+        plugin_namespace: Some(namespace.to_string()),
         trust: TrustPolicy::new(vec![TrustedKey::from_pem_file(&admin_key.public)?]),
         ..HostUnderTest::settings(&namespace, Limits::default())?
     };

@@ -446,7 +446,7 @@ async fn parents_and_their_namespace_are_deleted_after_their_plugin_is_unloaded(
             .map_err(|e| anyhow::anyhow!("{e}"))?,
     )?;
     let settings = Settings {
-        plugin_namespace: Some(namespace.clone()),
+        plugin_namespace: Some(namespace.to_string()),
         ..short_grace(&namespace, None)?
     };
     let host = HostUnderTest::start_with(env, settings).await?;

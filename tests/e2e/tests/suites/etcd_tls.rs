@@ -307,7 +307,7 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let fixture = Fixture {
-        namespace: namespace.clone(),
+        namespace: namespace.to_string(),
         clusters,
         pods: Api::namespaced(client.clone(), &namespace),
         etcdctl,

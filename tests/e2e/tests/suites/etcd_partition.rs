@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -25,12 +25,14 @@ use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
 use policy_host_testenv::network::cut_pod_network;
-use policy_host_testenv::{TestEnv, shared_node};
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 const NAME: &str = "split";
 const CONVERGE: Duration = Duration::from_secs(180);
+/// Writes acknowledged before a test stops its writer (more than `holds_every_key` asks for).
+const WRITES: usize = 20;
 
 /// Reconciles the host has started (its own metrics).
 fn reconciles(host: &HostUnderTest) -> u64 {
@@ -47,7 +49,7 @@ fn reconciles(host: &HostUnderTest) -> u64 {
 struct Cluster {
     env: &'static TestEnv,
     host: HostUnderTest,
-    namespace: String,
+    namespace: TestNamespace,
     clusters: Api<DynamicObject>,
     pods: Api<Pod>,
     etcdctl: PathBuf,
@@ -172,9 +174,10 @@ impl Cluster {
     }
 
     /// The writer: one key at a time through every member, each acknowledged key kept, until
-    /// the flag is set.
-    async fn start_writer(&self) -> anyhow::Result<(Arc<AtomicBool>, JoinHandle<Vec<String>>)> {
+    /// [`Writer::finish`].
+    async fn start_writer(&self) -> anyhow::Result<Writer> {
         let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicUsize::new(0));
         let endpoints: Vec<String> = self
             .members()
             .await
@@ -182,8 +185,8 @@ impl Cluster {
             .iter()
             .filter_map(pod_endpoint)
             .collect();
-        let writer = tokio::spawn({
-            let (stop, etcdctl) = (stop.clone(), self.etcdctl.clone());
+        let handle = tokio::spawn({
+            let (stop, count, etcdctl) = (stop.clone(), count.clone(), self.etcdctl.clone());
             async move {
                 let mut acknowledged = Vec::new();
                 let mut n = 0u32;
@@ -194,6 +197,7 @@ impl Cluster {
                         .is_ok()
                     {
                         acknowledged.push(key);
+                        count.store(acknowledged.len(), Ordering::Relaxed);
                     }
                     n += 1;
                     // The write rate, not a wait for anything.
@@ -202,7 +206,11 @@ impl Cluster {
                 acknowledged
             }
         });
-        Ok((stop, writer))
+        Ok(Writer {
+            stop,
+            count,
+            handle,
+        })
     }
 
     /// Waits until the member at `endpoint` holds every acknowledged key; returns how many
@@ -244,6 +252,34 @@ impl Cluster {
     }
 }
 
+/// A client writing through the test, and what etcd acknowledged.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
+    handle: JoinHandle<Vec<String>>,
+}
+
+impl Writer {
+    /// Stops the writer once etcd has acknowledged at least `writes` of its keys (on a busy
+    /// machine a fault can be over before a slow client wrote much); returns the keys.
+    async fn finish(self, writes: usize) -> anyhow::Result<Vec<String>> {
+        let count = self.count.clone();
+        eventually(
+            &format!("{writes} writes acknowledged"),
+            CONVERGE,
+            || async {
+                let now = count.load(Ordering::Relaxed);
+                (now >= writes)
+                    .then_some(())
+                    .ok_or_else(|| format!("{now} so far"))
+            },
+        )
+        .await?;
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(self.handle.await?)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost()
 -> anyhow::Result<()> {
@@ -252,7 +288,7 @@ async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost(
     let outcome = async {
         let ids = cluster.member_ids().await.map_err(anyhow::Error::msg)?;
         anyhow::ensure!(ids.len() == 3, "{ids:?}");
-        let (stop, writer) = cluster.start_writer().await?;
+        let writer = cluster.start_writer().await?;
 
         // Cut member 2 off.
         let victim = cluster.member(2).await?;
@@ -291,8 +327,7 @@ async fn a_partitioned_member_is_not_replaced_and_no_acknowledged_write_is_lost(
 
         cut.heal()?;
         cluster.ready("3/3 after healing", 3).await?;
-        stop.store(true, Ordering::Relaxed);
-        let acknowledged = writer.await?;
+        let acknowledged = writer.finish(WRITES).await?;
         anyhow::ensure!(
             cluster.member_ids().await.map_err(anyhow::Error::msg)? == ids,
             "the membership changed"
@@ -320,7 +355,7 @@ async fn a_killed_member_restarts_in_place_and_no_acknowledged_write_is_lost() -
     let outcome = async {
         let ids = cluster.member_ids().await.map_err(anyhow::Error::msg)?;
         anyhow::ensure!(ids.len() == 3, "{ids:?}");
-        let (stop, writer) = cluster.start_writer().await?;
+        let writer = cluster.start_writer().await?;
 
         // SIGKILL member 1's etcd through containerd.
         let victim = cluster.member(1).await?;
@@ -351,8 +386,7 @@ async fn a_killed_member_restarts_in_place_and_no_acknowledged_write_is_lost() -
         })
         .await?;
         cluster.ready("3/3 after the restart", 3).await?;
-        stop.store(true, Ordering::Relaxed);
-        let acknowledged = writer.await?;
+        let acknowledged = writer.finish(WRITES).await?;
         let after = cluster.member(1).await?;
         anyhow::ensure!(
             after.metadata.uid == victim.metadata.uid,

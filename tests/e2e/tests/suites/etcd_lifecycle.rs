@@ -22,7 +22,7 @@ use policy_host_e2e::etcd::{
     etcd_clusters, etcd_version, eventually, pod_endpoint, pod_ready, run_etcdctl,
 };
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::{TestEnv, shared_node};
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
 use serde_json::{Value, json};
 
 /// How long one membership change (or the creation of a cluster) may take to converge.
@@ -40,7 +40,7 @@ struct Fixture {
     /// When the test started (after the shared environment was up).
     started: Instant,
     client: kube::Client,
-    namespace: String,
+    namespace: TestNamespace,
     plugin: PathBuf,
     host: Option<HostUnderTest>,
     clusters: Api<DynamicObject>,
@@ -506,7 +506,8 @@ impl PodWriteBlock {
             fixture.namespace,
             operation.to_lowercase()
         );
-        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": fixture.namespace}});
+        let selector =
+            json!({"matchLabels": {"kubernetes.io/metadata.name": fixture.namespace.name()}});
         let policy = json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",

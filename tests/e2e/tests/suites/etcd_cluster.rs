@@ -11,7 +11,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::{TestEnv, shared_node, wait_for};
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node, wait_for};
 use serde_json::{Value, json};
 
 const CONVERGE: Duration = Duration::from_secs(240);
@@ -36,7 +36,7 @@ fn example_cluster(version: &str, size: i64) -> anyhow::Result<Value> {
 
 async fn setup(
     prefix: &str,
-) -> anyhow::Result<(&'static TestEnv, kube::Client, String, HostUnderTest)> {
+) -> anyhow::Result<(&'static TestEnv, kube::Client, TestNamespace, HostUnderTest)> {
     init_logging();
     let env = shared_node().await?;
     let client = env.client().await?;

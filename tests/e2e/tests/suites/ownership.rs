@@ -22,7 +22,7 @@ use policy_host::contract::{Action, KindRef, ObjectRef, PolicyInfo};
 use policy_host::decide::Limits;
 use policy_host::observe::{CachedChild, ChildCache, Observed, observe};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, install_crd_object, probe_crd};
-use policy_host_testenv::{shared_node, wait_for};
+use policy_host_testenv::{TestNamespace, shared_node, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -111,7 +111,7 @@ async fn an_etcd_cluster_never_takes_over_a_service_or_claim_it_does_not_own() -
     // Whatever the host does with a cluster's decisions shows up as one of these: a refusal
     // naming the object, or the object taken over.
     let refused_over = |cluster: &'static str, object: &'static str| {
-        let (client, namespace) = (client.clone(), namespace.clone());
+        let (client, namespace) = (client.clone(), namespace.to_string());
         let (services, claims) = (services.clone(), claims.clone());
         async move {
             wait_for(&format!("the host acting on {object}"), WAIT, || async {
@@ -252,6 +252,8 @@ struct Stage {
     parent: DynamicObject,
     parents: Api<DynamicObject>,
     config_maps: Api<ConfigMap>,
+    /// Deleted when the stage drops, at the end of its test.
+    _namespace: TestNamespace,
 }
 
 impl Stage {
@@ -293,6 +295,7 @@ impl Stage {
             executor,
             parent,
             parents,
+            _namespace: namespace,
         })
     }
 

@@ -1,0 +1,33 @@
+//! The end-to-end suites that keep to namespaces of their own, in one test binary: they share
+//! one control plane and real node (`shared_node()`, one per test process) and run side by side
+//! (`--test-threads`), each test in its own namespace, deleted when the test ends.
+//!
+//! Why one binary: each test binary starts its own control plane and node (13–15 s) and links
+//! the host, kube and wasmtime again; one binary for 23 suites takes minutes off every CI run
+//! (BENCHMARKS.md). A suite that changes what every namespace sees (a CRD deleted, a host
+//! installed cluster-wide) stays a binary of its own in `tests/e2e/tests/`: `finalizer_crd`,
+//! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run.)
+
+mod controller_safety;
+mod etcd_backup;
+mod etcd_backup_restore;
+mod etcd_chaos;
+mod etcd_classic;
+mod etcd_cluster;
+mod etcd_lifecycle;
+mod etcd_maintenance;
+mod etcd_partition;
+mod etcd_paused;
+mod etcd_real_node;
+mod etcd_s3;
+mod etcd_tls;
+mod helm_chart;
+mod host_contract;
+mod leader_election;
+mod ownership;
+mod plugin_grants;
+mod plugin_loading;
+mod plugin_trust;
+mod real_node;
+mod redis_replication;
+mod sharding;
