@@ -13,14 +13,14 @@ use policy_host_testenv::node::{NODE_IP, Node, NodeNetwork, standard_images};
 use policy_host_testenv::{Binaries, ControlPlane, ControlPlaneOptions, install};
 use serde_json::{Value, json};
 
-use crate::{cargo, run as run_command, setup, step};
+use crate::{run as run_command, setup, step};
 
 const NAMESPACE: &str = "default";
 
 pub fn run(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     setup(root)?;
     step("building policy-host");
-    run_command(std::process::Command::new(cargo()).args([
+    run_command(policy_host_test_plugins::cargo_command().args([
         "build",
         "--quiet",
         "-p",

@@ -83,9 +83,9 @@ fn main() -> anyhow::Result<()> {
         Task::Test { cargo_test_args } => test(&root, &cargo_test_args),
         Task::Lint => {
             step("cargo fmt --check");
-            run(Command::new(cargo()).args(["fmt", "--all", "--", "--check"]))?;
+            run(policy_host_test_plugins::cargo_command().args(["fmt", "--all", "--", "--check"]))?;
             step("cargo clippy (warnings are errors)");
-            run(Command::new(cargo()).args([
+            run(policy_host_test_plugins::cargo_command().args([
                 "clippy",
                 "--workspace",
                 "--all-targets",
@@ -105,10 +105,6 @@ fn workspace_root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
-}
-
-fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 fn step(what: &str) {
@@ -150,7 +146,8 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     step(
         "cargo test --workspace --no-run (the test binaries, beside the plugins and the Go programs)",
     );
-    let built = run(Command::new(cargo()).args(["test", "--workspace", "--no-run"]));
+    let built =
+        run(policy_host_test_plugins::cargo_command().args(["test", "--workspace", "--no-run"]));
     let plugins_built = plugins_built
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the plugin build thread panicked")));
@@ -174,7 +171,7 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
         "build-binaries.sh s3, helm",
     )?;
     step("cargo test --workspace (unit, sandbox and end-to-end suites)");
-    let tested = run(Command::new(cargo())
+    let tested = run(policy_host_test_plugins::cargo_command()
         // Not --all-targets: benches are bench binaries, run by `cargo bench`.
         .args(["test", "--workspace"])
         .args(["--", "--test-threads", "4"])
@@ -355,7 +352,7 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
         step(&format!("build {package} (wasm32-wasip2, plugin profile)"));
         let wasm = policy_host_test_plugins::build(package).map_err(|e| anyhow::anyhow!("{e}"))?;
         step("policy-host pack");
-        let output = Command::new(cargo())
+        let output = policy_host_test_plugins::cargo_command()
             .args(["run", "--quiet", "-p", "policy-host", "--", "pack"])
             .arg(&wasm)
             .args(["--name", config_map, "--namespace", "policy-host"])
@@ -394,13 +391,12 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
-    use std::process::Command;
 
-    use super::{cargo, workspace_root};
+    use super::workspace_root;
 
     /// Every package with its features, as `cargo tree` resolves them for `args`.
     fn resolved(args: &[&str]) -> Result<BTreeSet<String>, String> {
-        let output = Command::new(cargo())
+        let output = policy_host_test_plugins::cargo_command()
             .current_dir(workspace_root())
             .args(["tree", "--offline", "--prefix", "none", "--no-dedupe"])
             .args(["--format", "{p} [{f}]"])

@@ -3,7 +3,6 @@
 //! README's commands against the shared node environment.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use policy_host_testenv::{TestEnv, install};
@@ -27,10 +26,9 @@ pub fn host_binary() -> anyhow::Result<PathBuf> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let target = target_dir();
             let command = "cargo test --workspace --no-run";
-            let status = Command::new(&cargo)
+            let status = policy_host_test_plugins::cargo_command()
                 .current_dir(repo_root())
                 .args(["test", "--quiet", "--workspace", "--no-run"])
                 .arg("--target-dir")

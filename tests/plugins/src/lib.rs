@@ -41,6 +41,39 @@ pub fn target_dir() -> PathBuf {
     workspace_root().join("target/plugins")
 }
 
+/// `cargo` (the one running this process, if any) as a top-level invocation: without the
+/// variables cargo sets for a program it runs (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, …).
+///
+/// Why: some build scripts (ring's) declare `rerun-if-env-changed` on those names, and cargo
+/// compares them with its own environment; a nested cargo that inherited them from `cargo
+/// xtask` or a test binary would build ring again, and with it everything above it (rustls,
+/// kube, the host), and the next top-level cargo would build them back: minutes of a CI run.
+pub fn cargo_command() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    as_top_level(&mut command);
+    command
+}
+
+/// Removes from `command`'s environment what cargo sets for the program it runs.
+fn as_top_level(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                name,
+                "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// Builds the plugin crate `package` (e.g. `guest-etcd`) and returns the component's path.
 /// Built once per process; later calls return the same path.
 pub fn build(package: &str) -> Result<PathBuf, BuildError> {
@@ -52,7 +85,7 @@ pub fn build(package: &str) -> Result<PathBuf, BuildError> {
     }
     ensure_target()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
+    let status = cargo_command()
         .current_dir(workspace_root())
         .args([
             "build",
@@ -136,7 +169,7 @@ pub fn build_version(version: &str) -> Result<PathBuf, BuildError> {
     ensure_target()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target_dir = workspace_root().join("target/plugin-versions");
-    let status = Command::new(&cargo)
+    let status = cargo_command()
         .current_dir(workspace_root())
         .env("MISBEHAVING_POLICY_VERSION", version)
         .args([
@@ -174,4 +207,39 @@ pub fn build_version(version: &str) -> Result<PathBuf, BuildError> {
         ))
     })?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::as_top_level;
+
+    /// A test binary run by cargo has `CARGO_PKG_NAME` set, as a program run by `cargo xtask`
+    /// has: a nested cargo must not see it (see [`super::cargo_command`]).
+    #[test]
+    fn a_nested_cargo_does_not_inherit_what_cargo_set_for_its_parent() -> Result<(), String> {
+        assert!(
+            std::env::var_os("CARGO_PKG_NAME").is_some(),
+            "this test expects to be run by cargo"
+        );
+        let output = as_top_level(&mut Command::new("env"))
+            .output()
+            .map_err(|e| format!("cannot run env: {e}"))?;
+        let seen = String::from_utf8_lossy(&output.stdout);
+        let leaked: Vec<&str> = seen
+            .lines()
+            .filter(|line| {
+                line.starts_with("CARGO_PKG_")
+                    || line.starts_with("CARGO_MANIFEST_")
+                    || line.starts_with("CARGO_CRATE_NAME=")
+            })
+            .collect();
+        assert!(leaked.is_empty(), "leaked to the nested cargo: {leaked:?}");
+        assert!(
+            seen.lines().any(|line| line.starts_with("PATH=")),
+            "the rest of the environment is kept"
+        );
+        Ok(())
+    }
 }
