@@ -65,12 +65,6 @@ impl std::ops::Deref for TestNamespace {
     }
 }
 
-impl AsRef<str> for TestNamespace {
-    fn as_ref(&self) -> &str {
-        &self.name
-    }
-}
-
 impl std::fmt::Display for TestNamespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name)
