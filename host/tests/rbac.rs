@@ -3,7 +3,8 @@
 //! roles; every bundle's ClusterRole gives its plugin's target and child kinds the rules they
 //! need, and nothing more (no kind the plugin does not declare, no write to a kind outside its
 //! grants, no verb the host never uses, no cluster-wide Secrets, no creating arbitrary
-//! ConfigMaps next to the plugin ConfigMaps).
+//! ConfigMaps next to the plugin ConfigMaps); and every bundle carries the CRD and the plugin
+//! its source generates today.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -114,6 +115,8 @@ struct Bundle {
     target: KindRef,
     children: Vec<KindRef>,
     granted_kinds: Option<Vec<String>>,
+    /// The component the bundle's ConfigMap carries (decompressed).
+    component: Vec<u8>,
     objects: Vec<serde_yaml::Value>,
 }
 
@@ -158,6 +161,7 @@ async fn bundles() -> Vec<Bundle> {
             target: info.target,
             children: info.children,
             granted_kinds: pack.grants.kinds.clone(),
+            component: pack.component,
             objects,
         });
     }
@@ -292,6 +296,40 @@ async fn every_bundle_carries_its_generated_crd() {
             Some("ConfigMap"),
             "{file}: the plugin ConfigMap is the last document"
         );
+    }
+}
+
+/// The install path (README, install suite, demo) applies `policies/` as committed: a plugin
+/// change that is not packed again would be tested and shipped as the old plugin. The plugin
+/// builds are reproducible (workspace paths relative, `CARGO_HOME` remapped, the profile
+/// fixed), so the plugin in `policies/<name>.yaml` equals a fresh build of `guest-<name>`.
+#[tokio::test]
+async fn every_bundle_carries_the_plugin_its_source_builds() {
+    for bundle in bundles().await {
+        let stem = bundle
+            .file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("a UTF-8 file name");
+        let package = format!("guest-{stem}");
+        let built = policy_host_test_plugins::build(&package)
+            .unwrap_or_else(|e| panic!("{}: building {package}: {e}", bundle.file.display()));
+        let built = std::fs::read(&built).expect("the built plugin");
+        let first_difference = built
+            .iter()
+            .zip(&bundle.component)
+            .position(|(a, b)| a != b)
+            .or((built.len() != bundle.component.len())
+                .then(|| built.len().min(bundle.component.len())));
+        if let Some(at) = first_difference {
+            panic!(
+                "{}: its plugin differs from what {package} builds today (from byte {at}; {} \
+                 bytes packed, {} built); run `cargo xtask pack-policies` and commit policies/",
+                bundle.file.display(),
+                bundle.component.len(),
+                built.len()
+            );
+        }
     }
 }
 

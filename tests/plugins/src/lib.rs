@@ -99,6 +99,7 @@ pub fn build(package: &str) -> Result<PathBuf, BuildError> {
         ])
         .arg("--target-dir")
         .arg(target_dir())
+        .args(reproducible_paths())
         .status()
         .map_err(|e| {
             BuildError(format!(
@@ -122,6 +123,41 @@ pub fn build(package: &str) -> Result<PathBuf, BuildError> {
     }
     built.insert(package.to_string(), path.clone());
     Ok(path)
+}
+
+/// `--config` arguments that make a plugin's bytes independent of where cargo keeps its
+/// crates: the component names the source files of its dependencies (panic locations), and
+/// those live under `CARGO_HOME`, which differs between machines and CI caches. Workspace
+/// paths are already relative. Only the wasm target's flags: build scripts and proc macros
+/// are untouched, so nothing of the host's build is invalidated.
+fn reproducible_paths() -> Vec<String> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let Some(cargo_home) = cargo_home.and_then(|p| p.to_str().map(str::to_owned)) else {
+        return Vec::new();
+    };
+    let flag = format!("--remap-path-prefix={cargo_home}=/cargo");
+    let value = toml_string(&flag);
+    vec![
+        "--config".to_owned(),
+        format!("target.{TARGET}.rustflags=[{value}]"),
+    ]
+}
+
+/// `text` as a TOML basic string (the subset of escaping a path needs).
+fn toml_string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
 }
 
 /// Installs the wasm target through rustup when it is missing (a no-op when present).
@@ -184,6 +220,7 @@ pub fn build_version(version: &str) -> Result<PathBuf, BuildError> {
         ])
         .arg("--target-dir")
         .arg(&target_dir)
+        .args(reproducible_paths())
         .status()
         .map_err(|e| {
             BuildError(format!(
@@ -213,7 +250,7 @@ pub fn build_version(version: &str) -> Result<PathBuf, BuildError> {
 mod tests {
     use std::process::Command;
 
-    use super::as_top_level;
+    use super::{as_top_level, build};
 
     /// A test binary run by cargo has `CARGO_PKG_NAME` set, as a program run by `cargo xtask`
     /// has: a nested cargo must not see it (see [`super::cargo_command`]).
@@ -240,6 +277,27 @@ mod tests {
             seen.lines().any(|line| line.starts_with("PATH=")),
             "the rest of the environment is kept"
         );
+        Ok(())
+    }
+
+    /// A plugin names none of this machine's paths, so `policies/` (packed on one machine)
+    /// equals a build on another (see `every_bundle_carries_the_plugin_its_source_builds`).
+    #[test]
+    fn a_built_plugin_names_no_path_of_this_machine() -> Result<(), String> {
+        let component = build("guest-redis").map_err(|e| e.to_string())?;
+        let bytes =
+            std::fs::read(&component).map_err(|e| format!("{}: {e}", component.display()))?;
+        let text = String::from_utf8_lossy(&bytes);
+        let home = std::env::var("HOME").map_err(|e| format!("HOME: {e}"))?;
+        let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
+        let root = super::workspace_root().display().to_string();
+        for path in [cargo_home, root] {
+            assert!(
+                !text.contains(&path),
+                "{} names {path}: a build elsewhere would differ",
+                component.display()
+            );
+        }
         Ok(())
     }
 }
