@@ -66,6 +66,9 @@ pub struct HostUnderTest {
     task: tokio::task::JoinHandle<()>,
     /// The running host's handles.
     pub running: Running,
+    /// The host's artifact cache, when it has one of its own: removed with the host, so runs
+    /// do not pile compiled plugins up in the temporary directory.
+    artifacts: Option<tempfile::TempDir>,
 }
 
 impl HostUnderTest {
@@ -88,19 +91,23 @@ impl HostUnderTest {
     }
 
     /// Starts the host with no plugin files, loading plugin ConfigMaps from `namespace` (and
-    /// reconciling there), with a fresh artifact cache.
+    /// reconciling there), with a fresh artifact cache that is removed with the host.
     pub async fn start_loading_config_maps(
         env: &TestEnv,
         namespace: &str,
         limits: Limits,
     ) -> anyhow::Result<Self> {
-        let cache = std::env::temp_dir().join(format!("policy-host-artifacts-{namespace}"));
+        let artifacts = tempfile::Builder::new()
+            .prefix(&format!("policy-host-artifacts-{namespace}-"))
+            .tempdir()?;
         let settings = Settings {
             plugin_namespace: Some(namespace.to_string()),
-            artifact_cache: Some(cache),
+            artifact_cache: Some(artifacts.path().to_path_buf()),
             ..Self::settings(namespace, limits)?
         };
-        Self::start_with(env, settings).await
+        let mut host = Self::start_with(env, settings).await?;
+        host.artifacts = Some(artifacts);
+        Ok(host)
     }
 
     /// Settings for a host scoped to `namespace`, admin endpoint on a free port, no plugins.
@@ -156,6 +163,7 @@ impl HostUnderTest {
             stop: Some(stop),
             task,
             running,
+            artifacts: None,
         })
     }
 
