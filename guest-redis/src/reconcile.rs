@@ -8,6 +8,8 @@
 //! - A primary is lost when its Pod is gone or has ended (Failed or Succeeded). Then the replica
 //!   with the largest replication offset is promoted (`REPLICAOF NO ONE`): it holds the most of
 //!   the primary's stream, so every write a replica acknowledged (Redis `WAIT`) survives on it.
+//!   A server already promoted by an earlier decision whose status never landed counts with
+//!   its offset, so the same one is chosen again (see `promotion_candidate`).
 //!   A primary that runs but does not answer is not replaced: it may still take writes.
 //! - With no replica to promote, nothing is elected: an empty server would make its replicas
 //!   drop their data. The status says `Degraded` until a replica answers (or, with a single
@@ -363,14 +365,22 @@ pub fn decide(facts: &Facts) -> Plan {
     }
 }
 
-/// The replica holding the most of the lost primary's stream (ties: the lowest ordinal).
+/// The server holding the most of the lost primary's stream (ties: the lowest ordinal): a
+/// replica, or one already taking writes with data. The latter was promoted by a decision
+/// whose status never landed (the host stopped between the command and the status write, or
+/// the status write was refused as stale); promoted, its offset only grew, so it is chosen
+/// again rather than a second server made primary beside it. A server taking writes with
+/// offset 0 is a fresh, empty one: never a candidate over a replica with the data.
 fn promotion_candidate<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
     facts
         .servers
         .iter()
         .filter(|s| s.name != lost && s.reachable())
         .filter_map(|s| {
-            let r = s.replication.as_ref().filter(|r| r.role == Role::Replica)?;
+            let r = s
+                .replication
+                .as_ref()
+                .filter(|r| r.role == Role::Replica || (r.role == Role::Primary && r.offset > 0))?;
             Some((
                 r.offset,
                 std::cmp::Reverse(children::ordinal(&facts.name, &s.name)),
@@ -619,6 +629,32 @@ mod tests {
                 commands: vec![promote(2), follow(1, 2)],
                 primary: Some("r-2"),
                 deleted: &["r-0"],
+                degraded: "True:FailedOver",
+                events: &["Failover"],
+            },
+            Row {
+                situation: "the primary failed after a replica was promoted by a decision whose status never landed (the host stopped between the two, or decided on a stale view): that one stays the primary, no second promotion",
+                facts: facts(
+                    Some("r-0"),
+                    3,
+                    vec![
+                        server(0, "Failed", None),
+                        primary(1, 100),
+                        replica(2, 0, 100),
+                    ],
+                ),
+                commands: vec![promote(1), follow(2, 1)],
+                primary: Some("r-1"),
+                deleted: &["r-0"],
+                degraded: "True:FailedOver",
+                events: &["Failover"],
+            },
+            Row {
+                situation: "the primary failed and a recreated, empty server came up taking writes: the replica with the data is promoted, not it",
+                facts: facts(Some("r-0"), 3, vec![primary(1, 0), replica(2, 0, 80)]),
+                commands: vec![promote(2), follow(1, 2)],
+                primary: Some("r-2"),
+                deleted: &[],
                 degraded: "True:FailedOver",
                 events: &["Failover"],
             },

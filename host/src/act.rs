@@ -33,6 +33,14 @@ use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::observe::{Observed, is_controlled_by};
 
+/// What carrying out a decision wrote that the caller has to remember.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// The parent's status was written and the parent changed: the parent observed is
+    /// superseded by the host's own write, and a cache still holding it is behind.
+    pub status_written: bool,
+}
+
 /// An object a plugin asked to apply, with what identifies it.
 pub struct AppliedObject {
     /// The object.
@@ -313,7 +321,7 @@ impl Executor {
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<(), ActError> {
+    ) -> Result<Carried, ActError> {
         check_decision_size(&actions).map_err(|message| self.refused(message))?;
         let writes = self.apply_actions(parent, observed, actions);
         match tokio::time::timeout(self.act_deadline, writes).await {
@@ -335,8 +343,9 @@ impl Executor {
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<(), ActError> {
+    ) -> Result<Carried, ActError> {
         let claims = self.claim_applies(parent, observed, &actions).await?;
+        let mut carried = Carried::default();
         for action in actions {
             match action {
                 Action::Apply(json) => self.apply_child(parent, &json, &claims).await?,
@@ -344,11 +353,13 @@ impl Executor {
                     self.delete_child(parent, observed, &target.kind, &target.name)
                         .await?
                 }
-                Action::SetStatus(json) => self.set_status(parent, &json).await?,
+                Action::SetStatus(json) => {
+                    carried.status_written |= self.set_status(parent, &json).await?;
+                }
                 Action::RecordEvent(event) => self.record_event(parent, event).await?,
             }
         }
-        Ok(())
+        Ok(carried)
     }
 
     fn refused(&self, message: String) -> ActError {
@@ -640,14 +651,16 @@ impl Executor {
     /// Redis' primary), and a decision from a stale cache must not write it back over a newer
     /// one. The parent's resourceVersion is the precondition; a conflict is a
     /// [`ActError::StaleView`], and the newer parent's watch event brings a fresh decision.
-    async fn set_status(&self, parent: &DynamicObject, json: &str) -> Result<(), ActError> {
+    ///
+    /// Returns whether the parent changed (an unchanged status is not written again).
+    async fn set_status(&self, parent: &DynamicObject, json: &str) -> Result<bool, ActError> {
         let status: Value = serde_json::from_str(json)
             .map_err(|e| self.refused(format!("its status is not valid JSON: {e}")))?;
         if !status.is_object() {
             return Err(self.refused("its status is not a JSON object".into()));
         }
         if parent.data.get("status") == Some(&status) {
-            return Ok(());
+            return Ok(false);
         }
         let namespace = self.namespace(parent)?;
         let name = parent.name_any();
@@ -666,7 +679,10 @@ impl Executor {
             .patch_status(&name, &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => Ok(()),
+            // An apply that changed nothing (a status differing only in what the API server
+            // drops, such as null fields) leaves the resourceVersion as it was: no newer view
+            // is on its way, so none is waited for.
+            Ok(written) => Ok(written.resource_version() != parent.resource_version()),
             Err(source) if is_stale(&source) => Err(ActError::StaleView {
                 what: format!(
                     "setting the status of {} {namespace}/{name}",

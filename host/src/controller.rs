@@ -71,6 +71,58 @@ pub fn requeue_delay(asked_ms: Option<u64>, otherwise: Duration) -> Duration {
     asked_ms.map_or(otherwise, |ms| Duration::from_millis(ms).max(MIN_REQUEUE))
 }
 
+/// How soon a reconcile deferred for the host's own write (see [`OwnWrites`]) looks again if
+/// the write's watch event has not triggered it sooner.
+const OWN_WRITE_WAIT: Duration = Duration::from_millis(500);
+
+/// How long a parent view superseded by the host's own write is waited out at most. The
+/// write's watch event normally arrives within milliseconds; past this the view is decided
+/// on anyway (a stale status write is still refused by its resourceVersion precondition).
+const OWN_WRITE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The parent views the host's own writes superseded, by parent uid: the resourceVersion the
+/// host wrote the parent from. The parent cache lags such a write by one watch event, and a
+/// reconcile triggered meanwhile by anything else (a child changing, a requeue) would decide
+/// on the view before it. A plugin acts on its status in the decision itself (it promotes a
+/// Redis replica, changes etcd's membership) before the status that records it is written:
+/// on the older view it acts a second time on a state it already changed, and only its status
+/// write is refused as stale, after the fact. Such a reconcile is deferred instead.
+#[derive(Default)]
+struct OwnWrites(Mutex<HashMap<String, (String, Instant)>>);
+
+impl OwnWrites {
+    /// The host changed `parent` (the view it decided from) with a write of its own. Views
+    /// past their patience go at the same time, so parents deleted since are not kept.
+    fn wrote(&self, parent: &DynamicObject) {
+        if let (Some(uid), Some(version)) = (parent.uid(), parent.resource_version()) {
+            let mut views = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            views.retain(|_, (_, at)| at.elapsed() < OWN_WRITE_PATIENCE);
+            views.insert(uid, (version, Instant::now()));
+        }
+    }
+
+    /// Whether `parent` is a view the host's own write superseded (and not for too long);
+    /// a view that moved on is forgotten.
+    fn superseded(&self, parent: &DynamicObject) -> bool {
+        let (Some(uid), Some(version)) = (parent.uid(), parent.resource_version()) else {
+            return false;
+        };
+        let mut views = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match views.get(&uid) {
+            Some((written_from, at))
+                if *written_from == version && at.elapsed() < OWN_WRITE_PATIENCE =>
+            {
+                true
+            }
+            Some(_) => {
+                views.remove(&uid);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 /// First and largest retry delay after a failed reconcile.
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(120));
 
@@ -145,6 +197,8 @@ pub struct PolicyController {
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
     tls: crate::capability::tls::AppTls,
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
+    /// Parent views superseded by the host's own writes.
+    own_writes: OwnWrites,
     finalizer_grace: Duration,
     /// Permits for shadow runs in flight (see [`SHADOW_RUNS_IN_FLIGHT`]).
     shadow_slots: Arc<tokio::sync::Semaphore>,
@@ -268,6 +322,7 @@ pub async fn run(
             .map_err(|e| ReconcileError::Setup(e.to_string()))?,
         tls,
         failures: Mutex::new(HashMap::new()),
+        own_writes: OwnWrites::default(),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
         finalizer_grace: options.finalizer_grace,
         chaos: ChaosSchedule::default(),
@@ -371,6 +426,15 @@ async fn reconcile(
         parent.namespace().unwrap_or_default(),
         parent.name_any()
     );
+    if ctx.own_writes.superseded(&parent) {
+        ctx.metrics.reconcile_deferred(&ctx.policy);
+        tracing::debug!(
+            parent = %label,
+            resource_version = parent.resource_version().as_deref().unwrap_or_default(),
+            "deferred: the cached parent predates the host's own write to it"
+        );
+        return Ok(ControllerAction::requeue(OWN_WRITE_WAIT));
+    }
     ctx.metrics.reconcile_started(&ctx.policy);
     // The moment a reconcile starts, for the bench that times a change to a parent until its
     // reconcile (tests/e2e/benches/reconcile_latency.rs, issue 17): TRACE only, so it costs
@@ -423,11 +487,15 @@ async fn reconcile(
             .await?;
             ctx.metrics.decision_took(&ctx.policy, started.elapsed());
             let decision = decision?;
-            ctx.executor
+            let carried = ctx
+                .executor
                 .for_plugin(plugin.label())
                 .with_grants(&loaded.grants)
                 .apply_decision(&parent, &observed, decision.actions)
                 .await?;
+            if carried.status_written {
+                ctx.own_writes.wrote(&parent);
+            }
             Ok::<_, ReconcileError>((decision.done, decision.requeue_after_ms))
         };
         let (done, requeue_after_ms) = match finalized.await {
@@ -492,11 +560,15 @@ async fn reconcile(
         requeue_after_ms = ?decision.requeue_after_ms,
         "decided"
     );
-    ctx.executor
+    let carried = ctx
+        .executor
         .for_plugin(plugin.label())
         .with_grants(&loaded.grants)
         .apply_decision(&parent, &observed, decision.actions)
         .await?;
+    if carried.status_written {
+        ctx.own_writes.wrote(&parent);
+    }
     // After the decision is carried out, never instead of it: a drill only adds a kill.
     let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
     ctx.succeeded(&parent);
@@ -793,7 +865,12 @@ impl PolicyController {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(patched) => {
+                if patched.resource_version() != parent.resource_version() {
+                    self.own_writes.wrote(parent);
+                }
+                Ok(())
+            }
             Err(kube::Error::Api(status)) if status.code == 404 && !add => Ok(()),
             Err(source) => Err(ReconcileError::Finalizer {
                 parent: format!("{namespace}/{}", parent.name_any()),
@@ -806,6 +883,43 @@ impl PolicyController {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parent_at(uid: &str, version: &str) -> DynamicObject {
+        let mut parent = DynamicObject::new(
+            "p",
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
+        parent.metadata.uid = Some(uid.into());
+        parent.metadata.resource_version = Some(version.into());
+        parent
+    }
+
+    #[test]
+    fn a_view_the_hosts_own_write_superseded_is_deferred_until_the_cache_moves_on() {
+        let own = OwnWrites::default();
+        assert!(
+            !own.superseded(&parent_at("a", "10")),
+            "nothing written yet"
+        );
+        own.wrote(&parent_at("a", "10"));
+        assert!(
+            own.superseded(&parent_at("a", "10")),
+            "the view written from"
+        );
+        assert!(
+            own.superseded(&parent_at("a", "10")),
+            "still, until the cache moves"
+        );
+        assert!(!own.superseded(&parent_at("b", "10")), "another parent");
+        assert!(
+            !own.superseded(&parent_at("a", "11")),
+            "the view as written"
+        );
+        assert!(
+            !own.superseded(&parent_at("a", "10")),
+            "forgotten once the cache moved on"
+        );
+    }
 
     #[test]
     fn a_requeue_of_zero_waits_the_floor() {

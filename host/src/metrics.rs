@@ -58,6 +58,7 @@ pub struct Metrics {
     controllers: Family<PolicyLabels, Gauge>,
     shadow_decisions: Family<ShadowLabels, Counter>,
     controller_restarts: Family<PolicyLabels, Counter>,
+    reconciles_deferred: Family<PolicyLabels, Counter>,
     /// The `reason` values seen per policy, to bound the series.
     reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
 }
@@ -117,9 +118,16 @@ impl Metrics {
             "Controllers restarted by the supervisor after they ended on their own (a panic or a lost watch)",
             controller_restarts.clone(),
         );
+        let reconciles_deferred = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "reconciles_deferred",
+            "Reconciles not decided because the parent's cached view predates the host's own status write (its watch event was still on the way); each retried shortly",
+            reconciles_deferred.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             controller_restarts,
+            reconciles_deferred,
             reasons: Arc::new(Mutex::new(HashMap::new())),
             shadow_decisions,
             reconciles,
@@ -133,6 +141,16 @@ impl Metrics {
     /// Counts a reconcile of `policy`.
     pub fn reconcile_started(&self, policy: &str) {
         self.reconciles
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a reconcile of `policy` deferred until the host's own status write reaches its
+    /// parent cache.
+    pub fn reconcile_deferred(&self, policy: &str) {
+        self.reconciles_deferred
             .get_or_create(&PolicyLabels {
                 policy: policy.into(),
             })

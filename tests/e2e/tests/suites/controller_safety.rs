@@ -24,16 +24,33 @@ use tokio::sync::watch;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// A tower service that holds every LIST of the host's labelled children (not the watches)
-/// until the test lets them go: a slow API server, or a namespace with very many children.
+/// Which of the host's requests a [`Held`] client holds back.
+type Selects = fn(&http::Method, &str, &str) -> bool;
+
+/// Every LIST of the host's labelled children (not the watches): a slow API server, or a
+/// namespace with very many children.
+fn child_list(method: &http::Method, _path: &str, query: &str) -> bool {
+    method == http::Method::GET
+        && query.contains("labelSelector=policy-host.io%2Fpolicy")
+        && !query.contains("watch=true")
+}
+
+/// Every WATCH of the parents (`Probe`s), not their LIST: a parent cache that stays as it was
+/// first listed, as one whose watch events lag behind the host's own writes.
+fn parent_watch(method: &http::Method, path: &str, query: &str) -> bool {
+    method == http::Method::GET && path.ends_with("/probes") && query.contains("watch=true")
+}
+
+/// A tower service that holds the requests `selects` picks until the test lets them go.
 #[derive(Clone)]
-struct HeldChildList<S> {
+struct Held<S> {
     inner: S,
+    selects: Selects,
     release: watch::Receiver<bool>,
     held: Arc<AtomicUsize>,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for HeldChildList<S>
+impl<S, B> tower::Service<http::Request<B>> for Held<S>
 where
     S: tower::Service<http::Request<B>>,
     S::Future: Send + 'static,
@@ -47,11 +64,13 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let query = request.uri().query().unwrap_or_default().to_string();
-        let child_list = request.method() == http::Method::GET
-            && query.contains("labelSelector=policy-host.io%2Fpolicy")
-            && !query.contains("watch=true");
-        if !child_list {
+        let uri = request.uri();
+        let selected = (self.selects)(
+            request.method(),
+            uri.path(),
+            uri.query().unwrap_or_default(),
+        );
+        if !selected || *self.release.borrow() {
             return Box::pin(self.inner.call(request));
         }
         self.held.fetch_add(1, Ordering::SeqCst);
@@ -66,16 +85,18 @@ where
     }
 }
 
-/// A client of the shared API server whose child LISTs wait for `release`.
-async fn client_holding_child_lists(
+/// A client of the shared API server whose requests picked by `selects` wait for `release`.
+async fn client_holding(
     env: &policy_host_testenv::TestEnv,
+    selects: Selects,
     release: watch::Receiver<bool>,
     held: Arc<AtomicUsize>,
 ) -> anyhow::Result<Client> {
     Ok(
         kube::client::ClientBuilder::try_from(env.kube_config().await?)?
-            .with_layer(&tower::layer::layer_fn(move |inner| HeldChildList {
+            .with_layer(&tower::layer::layer_fn(move |inner| Held {
                 inner,
+                selects,
                 release: release.clone(),
                 held: held.clone(),
             }))
@@ -158,7 +179,7 @@ async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_i
     .await?;
     let (release, released) = watch::channel(false);
     let held = Arc::new(AtomicUsize::new(0));
-    let slow = client_holding_child_lists(env, released, held.clone()).await?;
+    let slow = client_holding(env, child_list, released, held.clone()).await?;
     let host = HostUnderTest::start_with_client(slow, settings).await?;
     let admin = host
         .running
@@ -198,30 +219,152 @@ async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_i
     Ok(())
 }
 
-/// The number in `policy_host_reconciles_total{policy="misbehaving"}`.
-fn reconciles(running: &Running) -> u64 {
+/// The value of the series `series` (name and labels, as rendered) on the host's metrics.
+fn metric(running: &Running, series: &str) -> u64 {
     running
         .metrics
         .render()
         .lines()
-        .find(|l| l.starts_with("policy_host_reconciles_total{policy=\"misbehaving\"}"))
+        .find(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with(' '))
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
 
+/// A plugin keeps state in status (Redis' primary, etcd's members) and acts on it in its
+/// decision (a promotion is sent before the status that records it). A decision on a view
+/// older than the host's own status write would act again on the state before it: the Redis
+/// suite saw two replicas promoted one after the other, each told to follow the other. The
+/// host's parent cache lags its own writes by one watch event, and any other trigger (a child
+/// changing) can come first; the host then waits for its write instead of deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_decision_on_a_parent_view_older_than_the_hosts_own_status_write() -> anyhow::Result<()>
+{
+    init_logging();
+    let env = shared_node().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("own-write").await?;
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let settings = Settings {
+        policy_files: vec![plugin],
+        ..HostUnderTest::settings(&namespace, Limits::default())?
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
+
+    // A first host gives the parent its finalizer and child; its status is then cleared, so
+    // the next host's first decision writes it again.
+    let host = HostUnderTest::start_with(env, settings.clone()).await?;
+    apply_probe(&api, "written", "ok").await?;
+    wait_for("`written` decided once", WAIT, || async {
+        let object = api.get_opt("written").await.ok().flatten()?;
+        status_number(&object, "observedChildren")
+    })
+    .await?;
+    host.stop().await;
+    api.patch_status(
+        "written",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": null })),
+    )
+    .await?;
+
+    // A host whose parent cache keeps the parent as listed: without status.
+    let (release, released) = watch::channel(false);
+    let held = Arc::new(AtomicUsize::new(0));
+    let lagging = client_holding(env, parent_watch, released, held.clone()).await?;
+    let host = HostUnderTest::start_with_client(lagging, settings).await?;
+    wait_for("the status written by the host", WAIT, || async {
+        let object = api.get_opt("written").await.ok().flatten()?;
+        status_number(&object, "observedChildren")
+    })
+    .await?;
+    anyhow::ensure!(
+        held.load(Ordering::SeqCst) >= 1,
+        "the host's parent watch was not held"
+    );
+    // A child change triggers the parent while its cached view is the one the write replaced.
+    let children: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    children
+        .patch(
+            "written-out",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "e2e/touched": "1" } } })),
+        )
+        .await?;
+    wait_for("a reconcile on the superseded view", WAIT, || async {
+        let running = &host.running;
+        (deferred(running) + failures(running, "StaleView") >= 1).then_some(())
+    })
+    .await?;
+    assert_eq!(
+        failures(&host.running, "StaleView"),
+        0,
+        "the host decided on a view its own status write had superseded"
+    );
+    assert_eq!(
+        decisions(&host.running),
+        1,
+        "decisions while the view was stale"
+    );
+
+    // Once the parent as written reaches the cache, the host decides again (and finds its
+    // status already written).
+    release.send(true)?;
+    children
+        .patch(
+            "written-out",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "e2e/touched": "2" } } })),
+        )
+        .await?;
+    wait_for(
+        "a decision on the view with the written status",
+        WAIT,
+        || async { (decisions(&host.running) >= 2).then_some(()) },
+    )
+    .await?;
+    assert_eq!(failures(&host.running, "StaleView"), 0);
+    release_finalizers(host, &api, &["written"]).await;
+    Ok(())
+}
+
+/// The number in `policy_host_reconciles_total{policy="misbehaving"}`.
+fn reconciles(running: &Running) -> u64 {
+    metric(
+        running,
+        "policy_host_reconciles_total{policy=\"misbehaving\"}",
+    )
+}
+
 /// The number of failed reconciles of the test plugin with `reason`.
 fn failures(running: &Running, reason: &str) -> u64 {
-    let prefix =
-        format!("policy_host_reconcile_errors_total{{policy=\"misbehaving\",reason=\"{reason}\"}}");
-    running
-        .metrics
-        .render()
-        .lines()
-        .find(|l| l.starts_with(&prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    metric(
+        running,
+        &format!(
+            "policy_host_reconcile_errors_total{{policy=\"misbehaving\",reason=\"{reason}\"}}"
+        ),
+    )
+}
+
+/// How many times the test plugin decided.
+fn decisions(running: &Running) -> u64 {
+    metric(
+        running,
+        "policy_host_decision_duration_seconds_count{policy=\"misbehaving\"}",
+    )
+}
+
+/// Reconciles that waited for the host's own write to the parent to reach its cache.
+fn deferred(running: &Running) -> u64 {
+    metric(
+        running,
+        "policy_host_reconciles_deferred_total{policy=\"misbehaving\"}",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

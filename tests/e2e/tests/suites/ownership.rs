@@ -359,6 +359,7 @@ impl Stage {
         self.executor
             .apply_decision(&self.parent, observed, actions)
             .await
+            .map(|_| ())
     }
 }
 
