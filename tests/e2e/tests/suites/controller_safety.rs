@@ -18,7 +18,7 @@ use policy_host::decide::Limits;
 use policy_host::load::pack::{self, PackOptions};
 use policy_host::{Running, Settings};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
-use policy_host_testenv::{shared_node, wait_for};
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node, wait_for};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -144,39 +144,66 @@ async fn release_finalizers(host: HostUnderTest, api: &Api<DynamicObject>, names
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_it()
--> anyhow::Result<()> {
-    init_logging();
-    let env = shared_node().await?;
+/// A namespace whose `ok` Probe `name` a first host has decided (it has its finalizer and its
+/// child), its status then cleared: the next host's first decision writes it again.
+struct Forgotten {
+    namespace: TestNamespace,
+    settings: Settings,
+    api: Api<DynamicObject>,
+}
+
+async fn decided_then_forgotten(
+    env: &TestEnv,
+    prefix: &str,
+    name: &str,
+) -> anyhow::Result<Forgotten> {
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
-    let namespace = env.create_namespace("partial-view").await?;
+    let namespace = env.create_namespace(prefix).await?;
     let plugin = policy_host_test_plugins::build("misbehaving-policy")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let settings = Settings {
         policy_files: vec![plugin],
         ..HostUnderTest::settings(&namespace, Limits::default())?
     };
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
-
-    // A first host gives the parent its child.
+    let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &probes());
     let host = HostUnderTest::start_with(env, settings.clone()).await?;
-    apply_probe(&api, "seen", "ok").await?;
-    wait_for("`seen` observed with its child", WAIT, || async {
-        let object = api.get_opt("seen").await.ok().flatten()?;
-        (status_number(&object, "observedChildren")? == 1).then_some(())
-    })
+    apply_probe(&api, name, "ok").await?;
+    wait_for(
+        &format!("`{name}` observed with its child"),
+        WAIT,
+        || async {
+            let object = api.get_opt(name).await.ok().flatten()?;
+            (status_number(&object, "observedChildren")? == 1).then_some(())
+        },
+    )
     .await?;
     host.stop().await;
-
-    // Forget what was observed, then start a host whose child LIST takes 4 s.
     api.patch_status(
-        "seen",
+        name,
         &PatchParams::default(),
         &Patch::Merge(json!({ "status": null })),
     )
     .await?;
+    Ok(Forgotten {
+        namespace,
+        settings,
+        api,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_decision_after_a_start_waits_for_the_child_list_and_readyz_with_it()
+-> anyhow::Result<()> {
+    init_logging();
+    let env = shared_node().await?;
+    // A first host gives the parent its child; what it observed is then forgotten, and a
+    // host whose child LIST is held starts.
+    let Forgotten {
+        namespace: _namespace,
+        settings,
+        api,
+    } = decided_then_forgotten(env, "partial-view", "seen").await?;
     let (release, released) = watch::channel(false);
     let held = Arc::new(AtomicUsize::new(0));
     let slow = client_holding(env, child_list, released, held.clone()).await?;
@@ -246,32 +273,11 @@ async fn no_decision_on_a_parent_view_older_than_the_hosts_own_status_write() ->
     init_logging();
     let env = shared_node().await?;
     let client = env.client().await?;
-    install_crd_object(&client, probe_crd()?).await?;
-    let namespace = env.create_namespace("own-write").await?;
-    let plugin = policy_host_test_plugins::build("misbehaving-policy")
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let settings = Settings {
-        policy_files: vec![plugin],
-        ..HostUnderTest::settings(&namespace, Limits::default())?
-    };
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
-
-    // A first host gives the parent its finalizer and child; its status is then cleared, so
-    // the next host's first decision writes it again.
-    let host = HostUnderTest::start_with(env, settings.clone()).await?;
-    apply_probe(&api, "written", "ok").await?;
-    wait_for("`written` decided once", WAIT, || async {
-        let object = api.get_opt("written").await.ok().flatten()?;
-        status_number(&object, "observedChildren")
-    })
-    .await?;
-    host.stop().await;
-    api.patch_status(
-        "written",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": null })),
-    )
-    .await?;
+    let Forgotten {
+        namespace,
+        settings,
+        api,
+    } = decided_then_forgotten(env, "own-write", "written").await?;
 
     // A host whose parent cache keeps the parent as listed: without status.
     let (release, released) = watch::channel(false);
