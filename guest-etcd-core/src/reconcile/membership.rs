@@ -2,6 +2,8 @@
 //! failed or crash-looping member), then at most one change: grow, shrink, or an upgrade
 //! step.
 
+use policy_host_sdk::pods::ObservedPod;
+
 use super::{CRASH_LOOP_RESTARTS, MemberInPod, Step};
 use crate::children::{self, ClusterState, ETCD_CONTAINER, quorum};
 use crate::etcd_api::{EtcdApi, Member, MemberList};
@@ -54,6 +56,12 @@ impl Step<'_> {
             );
         }
 
+        // A learner that can never start is removed before anything else: it holds no vote,
+        // and while it is there no other member can join.
+        if let Some(stuck) = members.iter().find_map(|m| self.stuck_learner(m, &list)) {
+            return self.remove_stuck_learner(etcd, contact, stuck, &list);
+        }
+
         // Failed pods of members: delete them; the member is then recreated or replaced.
         for m in &members {
             if let Some(pod) = m.pod.as_deref().and_then(|p| self.children.pod(p))
@@ -76,12 +84,7 @@ impl Step<'_> {
                 .iter()
                 .filter(|m| m.member.is_started())
                 .filter_map(|m| m.pod.as_deref().and_then(|p| self.children.pod(p)))
-                .find(|p| {
-                    !p.terminating
-                        && !p.ready
-                        && p.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
-                        && p.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
-                })
+                .find(|p| !p.terminating && crash_looping(p))
         {
             self.delete_member_pod(&pod.name);
             self.event(
@@ -237,6 +240,82 @@ impl Step<'_> {
         }
         self.upgrade(etcd, &members, leader);
         list
+    }
+
+    /// Why learner `m` can never start, if it cannot: it has not started, and its pod
+    /// was created for a membership that has changed since (etcd compares `--initial-cluster`
+    /// with the running cluster's members and refuses to join on any difference: "member
+    /// count is unequal", "PeerURLs: no match found"), or its pod keeps crashing or failed.
+    /// A started learner runs from its data directory and ignores these flags.
+    fn stuck_learner(&self, m: &MemberInPod, list: &MemberList) -> Option<StuckLearner> {
+        if !m.member.is_learner || m.member.is_started() {
+            return None;
+        }
+        let pod = self.children.pod(m.pod.as_deref()?)?;
+        if pod.terminating {
+            return None;
+        }
+        let why = if pod.is_gone() {
+            format!("its pod {} failed before it started", pod.name)
+        } else if let Some(joined) = initial_cluster_urls(pod.args(ETCD_CONTAINER))
+            && joined != sorted_urls(self.initial_cluster(&list.members))
+        {
+            format!(
+                "its pod {} was created to join {} but the members are now {}: etcd refuses to start it",
+                pod.name,
+                url_hosts(&joined),
+                url_hosts(&sorted_urls(self.initial_cluster(&list.members)))
+            )
+        } else if crash_looping(pod) {
+            format!(
+                "its pod {} restarted {} times without ever starting",
+                pod.name,
+                pod.restarts(ETCD_CONTAINER)
+            )
+        } else {
+            return None;
+        };
+        Some(StuckLearner {
+            id: m.member.id,
+            pod: pod.name.clone(),
+            why,
+        })
+    }
+
+    /// `member remove` of a learner that can never start, then its pod and claim: a
+    /// learner holds no vote, so this never touches the quorum, and a fresh member is added
+    /// in its place by a later reconcile.
+    fn remove_stuck_learner(
+        &mut self,
+        etcd: &mut impl EtcdApi,
+        contact: &str,
+        stuck: StuckLearner,
+        list: &MemberList,
+    ) -> MemberList {
+        let StuckLearner { id, pod, why } = stuck;
+        match etcd.member_remove(contact, id) {
+            Ok(after) => {
+                self.delete_member_pod(&pod);
+                self.event(
+                    EventType::Warning,
+                    "LearnerRemoved",
+                    format!(
+                        "removed learner {pod} (ID {id:x}): {why}; a fresh member takes its place"
+                    ),
+                );
+                self.progressing("ReplacingMember", format!("removed learner {pod}: {why}"));
+                after
+            }
+            Err(e) => {
+                self.progressing(
+                    "ReplacingMember",
+                    format!(
+                        "learner {pod} can never start ({why}); removing it failed, retrying: {e}"
+                    ),
+                );
+                list.clone()
+            }
+        }
     }
 
     /// Whether another learner may join beside the current ones: every member has started
@@ -455,4 +534,48 @@ impl Step<'_> {
             }
         }
     }
+}
+
+/// A learner that can never start, and why.
+struct StuckLearner {
+    id: u64,
+    pod: String,
+    why: String,
+}
+
+/// A member pod whose etcd keeps exiting: not Ready, waiting in `CrashLoopBackOff` after
+/// [`CRASH_LOOP_RESTARTS`] restarts.
+fn crash_looping(pod: &ObservedPod) -> bool {
+    !pod.ready
+        && pod.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
+        && pod.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
+}
+
+/// The peer URLs of a member pod's `--initial-cluster`, sorted; `None` without the flag.
+fn initial_cluster_urls(args: &[String]) -> Option<Vec<String>> {
+    let value = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--initial-cluster="))?;
+    Some(sorted_urls(value.split(',').filter_map(|entry| {
+        let (name, url) = entry.split_once('=')?;
+        Some((name.to_owned(), url.to_owned()))
+    })))
+}
+
+/// The URLs of `(name, peer URL)` pairs, sorted: etcd matches members by their peer URLs.
+fn sorted_urls(members: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    let mut urls: Vec<String> = members.into_iter().map(|(_, url)| url).collect();
+    urls.sort();
+    urls
+}
+
+/// `ex-0, ex-1`: the pods behind peer URLs, for a message.
+fn url_hosts(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+            rest.split(['.', ':', '/']).next().unwrap_or(rest)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

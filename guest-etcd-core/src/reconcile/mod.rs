@@ -8,7 +8,8 @@
 //!
 //! - grow: `member add` (as a learner), then create its pod; promote it once it caught up.
 //!   A member in etcd without a pod (crash after `member add`) gets its pod, never a
-//!   second member.
+//!   second member. A learner that can never start (its pod joined a membership that has
+//!   changed since, or keeps crashing) is removed and added again with a fresh pod.
 //! - shrink: `member remove`, then delete its pod. A pod without a member (crash after
 //!   `member remove`) is deleted.
 //! - replace: a member whose pod failed or vanished with its emptyDir is removed, then a

@@ -347,6 +347,29 @@ fn serial(mut child: Child) -> Child {
     child
 }
 
+/// The same pod created to join a membership of `members` (its `--initial-cluster`), as the
+/// plugin creates a learner's pod right after `member add`.
+fn joining(mut child: Child, members: &[&str]) -> Child {
+    let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    let initial = members
+        .iter()
+        .map(|m| format!("{m}={}", peer(m)))
+        .collect::<Vec<_>>()
+        .join(",");
+    if let Some(args) = object["spec"]["containers"][0]["args"].as_array_mut() {
+        for arg in args.iter_mut() {
+            if arg
+                .as_str()
+                .is_some_and(|a| a.starts_with("--initial-cluster="))
+            {
+                *arg = json!(format!("--initial-cluster={initial}"));
+            }
+        }
+    }
+    child.object = object.to_string();
+    child
+}
+
 fn ready(name: &str) -> Child {
     pod_child(name, "Running", true, false)
 }
@@ -638,7 +661,7 @@ fn rows() -> Vec<Row> {
             observation: observation(
                 spec(3),
                 Some(recorded(&["ex-0"])),
-                vec![ready("ex-0"), starting("ex-1")],
+                vec![ready("ex-0"), joining(starting("ex-1"), &["ex-0", "ex-1"])],
             ),
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), unstarted(2, "ex-1")]),
             changes: &[],
@@ -750,9 +773,214 @@ fn rows() -> Vec<Row> {
             observation: observation(
                 spec(3),
                 Some(recorded(&["ex-0"])),
-                vec![ready("ex-0"), starting("ex-1")],
+                vec![ready("ex-0"), joining(starting("ex-1"), &["ex-0", "ex-1"])],
             ),
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), unstarted(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: no_check,
+        },
+        Row {
+            // Issue 24: 3 -> 5, ex-4 added and its pod created while ex-2 was a member; ex-2's
+            // pod was then lost and ex-2 removed. ex-4's etcd refuses to join ("member count is
+            // unequal") for as long as its pod lives, and no other member can join beside it.
+            name: "a learner whose pod joined a membership that changed since is removed from etcd and its pod deleted",
+            observation: observation(
+                spec(5),
+                Some(recorded(&["ex-0", "ex-1", "ex-2", "ex-3"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-3"),
+                    joining(
+                        restarting("ex-4", 3),
+                        &["ex-0", "ex-1", "ex-2", "ex-3", "ex-4"],
+                    ),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                voter(2, "ex-1"),
+                voter(4, "ex-3"),
+                unstarted(5, "ex-4"),
+            ]),
+            changes: &["remove 5"],
+            applied: &[],
+            deleted: &["Pod/ex-4"],
+            events: &["Warning/LearnerRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, etcd| {
+                assert_eq!(
+                    etcd.members.iter().map(|m| m.id).collect::<Vec<_>>(),
+                    [1, 2, 4],
+                    "every voter kept"
+                );
+                let s = summarize(d);
+                let progressing = condition(&s.status, "Progressing")
+                    .cloned()
+                    .unwrap_or_default();
+                let message = progressing["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("ex-4") && message.contains("ex-2"),
+                    "says which learner and why: {progressing}"
+                );
+            },
+        },
+        Row {
+            name: "with storage a stale learner goes with its claim, so its replacement starts empty",
+            observation: observation(
+                with_storage(5),
+                Some(recorded(&["ex-0", "ex-1", "ex-3"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    ready("ex-3"),
+                    joining(starting("ex-4"), &["ex-0", "ex-1", "ex-3", "ex-4"]),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                    claim("data-ex-3"),
+                    claim("data-ex-4"),
+                ],
+            ),
+            // ex-2 was added (its pod not created yet) after ex-4's pod was.
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                voter(2, "ex-1"),
+                voter(4, "ex-3"),
+                unstarted(5, "ex-4"),
+                unstarted(6, "ex-2"),
+            ]),
+            changes: &["remove 5"],
+            applied: &[],
+            deleted: &["Pod/ex-4", "PersistentVolumeClaim/data-ex-4"],
+            events: &["Warning/LearnerRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "after a stale learner was removed, the next reconcile adds a fresh one joining the current membership",
+            observation: observation(
+                spec(5),
+                Some(recorded(&["ex-0", "ex-1", "ex-3"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-3")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(4, "ex-3")]),
+            changes: &["add http://ex-2.ex.ns.svc:2380 learner=true"],
+            applied: &["Pod/ex-2"],
+            deleted: &[],
+            events: &["Normal/MemberAdded"],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: |d, _| {
+                let args = pod_args(d, "ex-2");
+                assert!(
+                    args.contains(&"--initial-cluster=ex-0=http://ex-0.ex.ns.svc:2380,ex-1=http://ex-1.ex.ns.svc:2380,ex-3=http://ex-3.ex.ns.svc:2380,ex-2=http://ex-2.ex.ns.svc:2380".to_owned()),
+                    "{args:?}"
+                );
+            },
+        },
+        Row {
+            name: "an unstarted learner whose pod crash-loops is removed from etcd and its pod deleted",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    joining(restarting("ex-2", 6), &["ex-0", "ex-1", "ex-2"]),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                voter(2, "ex-1"),
+                unstarted(3, "ex-2"),
+            ]),
+            changes: &["remove 3"],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &["Warning/LearnerRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "an unstarted learner whose pod failed is removed from etcd and its pod deleted",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    joining(failed("ex-2"), &["ex-0", "ex-1", "ex-2"]),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                voter(2, "ex-1"),
+                unstarted(3, "ex-2"),
+            ]),
+            changes: &["remove 3"],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &["Warning/LearnerRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "a started learner is never removed for its pod's initial cluster (etcd reads its data, not the flags)",
+            observation: observation(
+                spec(5),
+                Some(recorded(&["ex-0", "ex-1", "ex-3"])),
+                vec![
+                    serial(ready("ex-0")),
+                    serial(ready("ex-1")),
+                    serial(ready("ex-3")),
+                    serial(joining(
+                        starting("ex-4"),
+                        &["ex-0", "ex-1", "ex-2", "ex-3", "ex-4"],
+                    )),
+                ],
+            ),
+            etcd: FakeEtcd {
+                promote_refused: true,
+                ..FakeEtcd::with(vec![
+                    voter(1, "ex-0"),
+                    voter(2, "ex-1"),
+                    voter(4, "ex-3"),
+                    learner(5, "ex-4"),
+                ])
+            },
+            changes: &["promote 5"],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: no_check,
+        },
+        Row {
+            name: "an unstarted learner's pod that restarted a few times is given time to start",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    joining(restarting("ex-2", 2), &["ex-0", "ex-1", "ex-2"]),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![
+                voter(1, "ex-0"),
+                voter(2, "ex-1"),
+                unstarted(3, "ex-2"),
+            ]),
             changes: &[],
             applied: &[],
             deleted: &[],
