@@ -4,10 +4,11 @@
 
 use policy_host_sdk::pods::ObservedPod;
 
-use super::{CRASH_LOOP_RESTARTS, MemberInPod, Step};
+use super::{CRASH_LOOP_RESTARTS, CRASH_LOOP_SECONDS, MemberInPod, Step};
 use crate::children::{self, ClusterState, ETCD_CONTAINER, quorum};
 use crate::etcd_api::{EtcdApi, Member, MemberList};
-use crate::protocol::{Action, EventType};
+use crate::protocol::{Action, EventType, Timestamp};
+use crate::schedule::parse_rfc3339;
 
 impl Step<'_> {
     pub(super) fn membership_step(
@@ -76,31 +77,45 @@ impl Step<'_> {
                 repaired = true;
             }
         }
-        // A crash-looping member (etcd answered, so the others hold a quorum without it):
-        // its pod goes with its claim, so the member is removed and replaced by a fresh one
-        // rather than restarted again on the same data. One at a time.
+        // A member that keeps crashing (etcd answered, so the others hold a quorum without
+        // it). Lifetime restarts alone say little (they pile up over months of node reboots),
+        // so only a member not Ready and crash-looping for minutes counts. With emptyDir its
+        // pod is deleted and a fresh member replaces it. Data on a claim is never deleted
+        // here: the member is reported, and a human who deletes the claim has it replaced.
         if !repaired
             && let Some(pod) = members
                 .iter()
                 .filter(|m| m.member.is_started())
                 .filter_map(|m| m.pod.as_deref().and_then(|p| self.children.pod(p)))
-                .find(|p| !p.terminating && crash_looping(p))
+                .find(|p| !p.terminating && crash_looping(p, self.now))
         {
-            self.delete_member_pod(&pod.name);
-            self.event(
-                EventType::Warning,
-                "MemberCrashLooping",
-                format!(
-                    "member {} restarted {} times without becoming Ready; replacing it with a fresh member (its logs say why)",
-                    pod.name,
-                    pod.restarts(ETCD_CONTAINER)
-                ),
-            );
-            self.progressing(
-                "ReplacingMember",
-                format!("pod {} is crash-looping; replacing it", pod.name),
-            );
-            repaired = true;
+            let claim = self.cluster.claim_name(&pod.name);
+            if self.children.has_claim(&claim) && !self.children.claim_terminating(&claim) {
+                self.degraded = Some((
+                    "MemberCrashLooping",
+                    format!(
+                        "member {} keeps crashing (not Ready, in CrashLoopBackOff for over {} s); its data on claim {claim} is kept: read its logs, and if its data is broken delete claim {claim} to have it replaced by a fresh member",
+                        pod.name, CRASH_LOOP_SECONDS
+                    ),
+                ));
+            } else {
+                self.delete_member_pod_only(&pod.name);
+                self.event(
+                    EventType::Warning,
+                    "MemberCrashLooping",
+                    format!(
+                        "member {} has been crashing for over {} s ({} restarts) without becoming Ready; replacing it with a fresh member (its logs say why)",
+                        pod.name,
+                        CRASH_LOOP_SECONDS,
+                        pod.restarts(ETCD_CONTAINER)
+                    ),
+                );
+                self.progressing(
+                    "ReplacingMember",
+                    format!("pod {} is crash-looping; replacing it", pod.name),
+                );
+                repaired = true;
+            }
         }
 
         // Members without a pod.
@@ -123,6 +138,9 @@ impl Step<'_> {
                 repaired = true;
             } else if self.spec.storage.is_some()
                 && self.children.has_claim(&self.cluster.claim_name(&pod))
+                && !self
+                    .children
+                    .claim_terminating(&self.cluster.claim_name(&pod))
             {
                 self.create_member_pod(&pod, initial, ClusterState::Existing);
                 self.progressing(
@@ -266,9 +284,9 @@ impl Step<'_> {
                 url_hosts(&joined),
                 url_hosts(&sorted_urls(self.initial_cluster(&list.members)))
             )
-        } else if crash_looping(pod) {
+        } else if crash_looping(pod, self.now) {
             format!(
-                "its pod {} restarted {} times without ever starting",
+                "its pod {} has been crashing for over {CRASH_LOOP_SECONDS} s ({} restarts) without ever starting",
                 pod.name,
                 pod.restarts(ETCD_CONTAINER)
             )
@@ -543,12 +561,17 @@ struct StuckLearner {
     why: String,
 }
 
-/// A member pod whose etcd keeps exiting: not Ready, waiting in `CrashLoopBackOff` after
-/// [`CRASH_LOOP_RESTARTS`] restarts.
-fn crash_looping(pod: &ObservedPod) -> bool {
+/// A member pod whose etcd keeps exiting: waiting in `CrashLoopBackOff` after at least
+/// [`CRASH_LOOP_RESTARTS`] restarts, and not Ready for [`CRASH_LOOP_SECONDS`] (its `Ready`
+/// condition's last change). Without that time it cannot be told from a transient fault.
+fn crash_looping(pod: &ObservedPod, now: Timestamp) -> bool {
     !pod.ready
         && pod.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
         && pod.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
+        && pod
+            .ready_changed_at()
+            .and_then(parse_rfc3339)
+            .is_some_and(|since| now.seconds - since >= CRASH_LOOP_SECONDS)
 }
 
 /// The peer URLs of a member pod's `--initial-cluster`, sorted; `None` without the flag.

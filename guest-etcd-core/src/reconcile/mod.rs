@@ -61,9 +61,13 @@ pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
 pub const REQUEUE_ADDING_MS: u64 = 1_000;
 /// Requeue delay when the cluster matches its spec (a health check).
 pub const REQUEUE_STEADY_MS: u64 = 30_000;
-/// Restarts after which a member whose pod is not Ready is crash-looping: its data or its
-/// configuration is broken, and restarting it again will not help.
+/// Restarts (in the pod's life) below which a member is never taken for crash-looping.
 pub const CRASH_LOOP_RESTARTS: i64 = 5;
+/// Seconds a member must have been not Ready, and be in `CrashLoopBackOff`, to be taken for
+/// crash-looping: its data or its configuration is broken, and restarting it again will not
+/// help. Long enough for a transient fault (a full disk freed, a node's hiccup) to pass, and
+/// for the kubelet's back-off (10 s doubling) to have restarted it several times.
+pub const CRASH_LOOP_SECONDS: i64 = 120;
 
 /// The parent EtcdCluster, as far as the decisions need it.
 struct Parent {

@@ -106,8 +106,10 @@ impl Step<'_> {
                 .map(|name| (name.clone(), self.cluster.peer_url(name)))
                 .collect();
             for name in &recorded_members {
+                let claim = self.cluster.claim_name(name);
                 if self.children.pod(name).is_none()
-                    && self.children.has_claim(&self.cluster.claim_name(name))
+                    && self.children.has_claim(&claim)
+                    && !self.children.claim_terminating(&claim)
                 {
                     self.create_member_pod(name, initial.clone(), ClusterState::Existing);
                     recreated.push(name.clone());

@@ -395,6 +395,15 @@ fn claim(name: &str) -> Child {
     }
 }
 
+/// A data claim being deleted (kept by its protection finalizer until no pod mounts it).
+fn claim_terminating(name: &str) -> Child {
+    let mut child = claim(name);
+    let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    object["metadata"]["deletionTimestamp"] = json!("2024-05-01T11:59:00Z");
+    child.object = object.to_string();
+    child
+}
+
 /// A recorded cluster whose status says the snapshot for `trigger` succeeded, into slot 0.
 fn backed_up(members: &[&str], trigger: &str) -> Value {
     let mut status = recorded(members);
@@ -406,13 +415,30 @@ fn backed_up(members: &[&str], trigger: &str) -> Value {
     status
 }
 
-/// A member pod that is not Ready after `restarts` restarts of its etcd container.
+/// A member pod whose etcd container has restarted `restarts` times in its life and waits in
+/// `CrashLoopBackOff`, not Ready for the last ten minutes.
 fn restarting(name: &str, restarts: i64) -> Child {
+    restarting_for(name, restarts, 600)
+}
+
+/// A member pod whose etcd container has restarted `restarts` times in its life, waits in
+/// `CrashLoopBackOff`, and has not been Ready for the last `seconds` (its last exit at most
+/// 20 s ago).
+fn restarting_for(name: &str, restarts: i64, seconds: i64) -> Child {
     let mut child = starting(name);
     let mut object: Value = serde_json::from_str(&child.object).unwrap_or_default();
+    let ago = |s: i64| {
+        policy_host_sdk::conditions::rfc3339(Timestamp {
+            seconds: NOW.seconds - s,
+            nanoseconds: 0,
+        })
+    };
+    object["status"]["conditions"] =
+        json!([{"type": "Ready", "status": "False", "lastTransitionTime": ago(seconds)}]);
     object["status"]["containerStatuses"] = json!([{
         "name": "etcd", "restartCount": restarts, "ready": false,
         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "finishedAt": ago(seconds.min(20))}},
     }]);
     child.object = object.to_string();
     child
@@ -1892,7 +1918,23 @@ fn rows() -> Vec<Row> {
             },
         },
         Row {
-            name: "a crash-looping member is deleted with its claim, to be replaced by a fresh one",
+            name: "a member crash-looping for minutes has its pod deleted, to be replaced by a fresh member",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), restarting("ex-2", 6)],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &["Warning/MemberCrashLooping"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "with storage a member crash-looping for minutes keeps its pod and claim and is reported for a human",
             observation: observation(
                 with_storage(3),
                 Some(recorded(&["ex-0", "ex-1", "ex-2"])),
@@ -1908,8 +1950,80 @@ fn rows() -> Vec<Row> {
             etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
             changes: &[],
             applied: &[],
-            deleted: &["Pod/ex-2", "PersistentVolumeClaim/data-ex-2"],
+            deleted: &[],
             events: &["Warning/MemberCrashLooping"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                let degraded = condition(&status, "Degraded").cloned().unwrap_or_default();
+                assert_eq!(degraded["reason"], "MemberCrashLooping", "{degraded}");
+                let message = degraded["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("ex-2") && message.contains("data-ex-2"),
+                    "names the pod and the claim to delete: {message}"
+                );
+            },
+        },
+        Row {
+            name: "with storage a crash-looping member whose claim a human deleted has its pod deleted, to be replaced",
+            observation: observation(
+                with_storage(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    restarting("ex-2", 6),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                    claim_terminating("data-ex-2"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &["Pod/ex-2"],
+            events: &["Warning/MemberCrashLooping"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            name: "with storage a member whose pod is gone and whose claim is being deleted is removed, not recreated on it",
+            observation: observation(
+                with_storage(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    ready("ex-0"),
+                    ready("ex-1"),
+                    claim("data-ex-0"),
+                    claim("data-ex-1"),
+                    claim_terminating("data-ex-2"),
+                ],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &["remove 3"],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/MemberRemoved"],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
+            // Review M4: restarts piled up over months, then two crashes within the kubelet's
+            // back-off (a transient fault): not a member to throw away.
+            name: "a member with many lifetime restarts that began crashing 20 s ago is given time",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), restarting_for("ex-2", 7, 20)],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
             phase: "Scaling",
             requeue: Some(2_000),
             check: no_check,

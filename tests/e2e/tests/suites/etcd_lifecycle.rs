@@ -1024,37 +1024,56 @@ async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
             .map(|m| m["ID"].to_string())
             .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
 
-        // Its etcd keeps dying as soon as it runs. The kubelet counts a restart when it
-        // starts the container again, so after the sixth crash the pod waits in
-        // CrashLoopBackOff with five restarts: the plugin's threshold.
-        for crash in 1..=6 {
-            eventually(
-                &format!("{victim} running before crash {crash}"),
-                CONVERGE,
-                || async {
-                    let pod = fixture.pods.get(&victim).await.map_err(|e| e.to_string())?;
-                    let status = pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|c| c.first())
-                        .cloned()
-                        .ok_or("no container status")?;
-                    let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
-                    (running && status.restart_count == crash - 1)
-                        .then_some(())
-                        .ok_or(format!(
-                            "restarts {}, running {running}",
-                            status.restart_count
-                        ))
-                },
+        // Its etcd keeps dying at start and never becomes Ready: the container runs the
+        // previous minor's etcd, which exits on the newer cluster's data ("cluster cannot be
+        // downgraded"). The plugin replaces it once it has crash-looped, not Ready, for
+        // CRASH_LOOP_SECONDS (two minutes), not after a few restarts.
+        let older = etcd_version(fixture.env, "3.5")?;
+        let running = fixture.pods.get(&victim).await?;
+        let repository = running
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.as_deref())
+            .and_then(|image| image.rsplit_once(':'))
+            .map(|(repository, _)| repository.to_owned())
+            .ok_or_else(|| anyhow::anyhow!("{victim} has no tagged etcd image"))?;
+        fixture
+            .pods
+            .patch(
+                &victim,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"containers": [{
+                    "name": "etcd",
+                    "image": format!("{repository}:v{older}"),
+                }]}})),
             )
             .await?;
-            fixture.env.kill_pod(&fixture.namespace, &victim).await?;
-        }
+        eventually(&format!("{victim} to crash-loop"), CONVERGE, || async {
+            let pod = fixture.pods.get(&victim).await.map_err(|e| e.to_string())?;
+            let status = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .cloned()
+                .ok_or("no container status")?;
+            let waiting = status
+                .state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.clone());
+            (waiting.as_deref() == Some("CrashLoopBackOff") && !pod_ready(&pod))
+                .then_some(())
+                .ok_or(format!(
+                    "restarts {}, waiting {waiting:?}",
+                    status.restart_count
+                ))
+        })
+        .await?;
         eventually(
             "the crash-looping member to leave etcd",
-            CONVERGE,
+            CONVERGE + Duration::from_secs(120),
             || async {
                 let members = fixture.any_member_list().await?;
                 (!member_ids(&members).contains(&victim_id))
