@@ -250,6 +250,10 @@ impl Step<'_> {
             .cloned()
             .collect();
         if !not_ready.is_empty() {
+            // etcd answered and accepted spec.version against the version it runs.
+            if !self.version_blocked {
+                self.reapply_unpullable_images(Some(&self.spec.version));
+            }
             self.progressing(
                 "WaitingForMembers",
                 format!("members not Ready: {}", not_ready.join(", ")),

@@ -5,7 +5,7 @@
 use super::{Outcome, Step};
 use crate::children::{self, ClusterState, quorum};
 use crate::protocol::{Action, EventType};
-use crate::spec::{MemberStatus, RestoreSpec};
+use crate::spec::{MemberStatus, RestoreSpec, Version};
 
 impl Step<'_> {
     /// etcd did not answer: only what is safe without its member list.
@@ -116,6 +116,12 @@ impl Step<'_> {
                 }
             }
         }
+        let last_version = self
+            .observed
+            .current_version
+            .as_deref()
+            .and_then(Version::parse);
+        self.reapply_unpullable_images(last_version.as_ref());
         if !recreated.is_empty() {
             self.progressing(
                 "RecreatingMembers",
