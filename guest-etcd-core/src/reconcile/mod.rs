@@ -372,6 +372,9 @@ impl<'a> Step<'a> {
         let mut errors = Vec::new();
         for pod in candidates {
             match etcd.member_list(&pod) {
+                Ok(list) if let Some(problem) = self.foreign_answer(&pod, &list) => {
+                    errors.push(format!("{pod}: {problem}"));
+                }
                 Ok(list) => {
                     let status = etcd.status(&pod).ok();
                     return Some(EtcdView {
@@ -387,6 +390,27 @@ impl<'a> Step<'a> {
             self.progressing("EtcdUnreachable", errors.join("; "));
         }
         None
+    }
+
+    /// Why a member list `pod` answered is not this cluster's to act on, if it is not: it
+    /// names another cluster than the one recorded in status, or does not list `pod` itself.
+    /// Every pod carrying the EtcdCluster's controller reference is observed, so a Ready pod
+    /// that is no member (someone's, or a removed member's) could otherwise have the real
+    /// members deleted as strays by its answer.
+    fn foreign_answer(&self, pod: &str, list: &MemberList) -> Option<String> {
+        if let Some(recorded) = &self.observed.cluster_id
+            && list.cluster_id.to_string() != *recorded
+        {
+            return Some(format!(
+                "answered for cluster {}, not this cluster's {recorded} (status.clusterID); ignored",
+                list.cluster_id
+            ));
+        }
+        let listed = list
+            .members
+            .iter()
+            .any(|m| self.member_pod_name(m).as_deref() == Some(pod));
+        (!listed).then(|| "answered with a member list that does not list it; ignored".to_owned())
     }
 
     fn member_pod_name(&self, member: &Member) -> Option<String> {

@@ -1461,6 +1461,69 @@ fn rows() -> Vec<Row> {
             check: no_check,
         },
         Row {
+            // Review L4: a Ready pod someone injected (it carries the parent's controller
+            // reference, so it is observed) answers the gateway with a member list of its own
+            // while the real members are not Ready.
+            name: "a member list of another cluster (not status.clusterID) is not acted on",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    starting("ex-0"),
+                    starting("ex-1"),
+                    starting("ex-2"),
+                    ready("x-9"),
+                ],
+            ),
+            etcd: FakeEtcd {
+                cluster_id: 999,
+                answering: Some(vec!["x-9"]),
+                ..FakeEtcd::with(vec![voter(9, "x-9")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["clusterID"], "777", "{status}");
+                let progressing = condition(&status, "Progressing")
+                    .cloned()
+                    .unwrap_or_default();
+                let message = progressing["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("x-9") && message.contains("777"),
+                    "says which pod answered for which cluster: {progressing}"
+                );
+            },
+        },
+        Row {
+            name: "a member list from a pod it does not list is not acted on, even with this cluster's ID",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    starting("ex-0"),
+                    starting("ex-1"),
+                    starting("ex-2"),
+                    ready("x-9"),
+                ],
+            ),
+            etcd: FakeEtcd {
+                answering: Some(vec!["x-9"]),
+                ..FakeEtcd::with(vec![voter(1, "ex-0")])
+            },
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(2_000),
+            check: no_check,
+        },
+        Row {
             name: "every pod gone with emptyDir after the cluster ran is reported lost, nothing created",
             observation: observation(spec(3), Some(recorded(&["ex-0", "ex-1", "ex-2"])), vec![]),
             etcd: FakeEtcd::default(),
