@@ -1119,21 +1119,35 @@ async fn a_learner_whose_pod_joined_a_stale_membership_is_replaced() -> anyhow::
 
         let peer_url = |pod: &str| format!("http://{pod}.{NAME}.{}.svc:2380", fixture.namespace);
         let (learner, lost) = (format!("{NAME}-4"), format!("{NAME}-2"));
-        let endpoints = fixture.endpoints().await.map_err(anyhow::Error::msg)?;
-        fixture
-            .etcdctl(
-                &endpoints,
-                &[
-                    "member",
-                    "add",
-                    &learner,
-                    "--learner",
-                    "--peer-urls",
-                    &peer_url(&learner),
-                ],
-            )
-            .await
-            .map_err(anyhow::Error::msg)?;
+        // etcd refuses a member add until the member asked has been connected to every voter
+        // for 5 s: retried until it is in the list (an add that timed out may have landed).
+        eventually(&format!("learner {learner} added"), CONVERGE, || async {
+            let members = fixture.any_member_list().await?;
+            if members
+                .iter()
+                .any(|m| m["peerURLs"][0] == json!(peer_url(&learner)))
+            {
+                return Ok(());
+            }
+            let endpoints = fixture.endpoints().await?;
+            fixture
+                .etcdctl(
+                    &endpoints,
+                    &[
+                        "member",
+                        "add",
+                        &learner,
+                        "--learner",
+                        "--peer-urls",
+                        &peer_url(&learner),
+                    ],
+                )
+                .await
+                .map(|_| ())
+        })
+        .await?;
+        // A member's pod deleted at once (its emptyDir data with it), and the member removed,
+        // as the plugin removes a lost member.
         let template = fixture.pods.get(&lost).await?;
         let lost_id = before
             .iter()
@@ -1150,17 +1164,18 @@ async fn a_learner_whose_pod_joined_a_stale_membership_is_replaced() -> anyhow::
                 },
             )
             .await?;
-        let survivors: Vec<String> = fixture
-            .endpoints()
-            .await
-            .map_err(anyhow::Error::msg)?
-            .into_iter()
-            .filter(|e| !e.contains(&format!("//{lost}.")))
-            .collect();
-        fixture
-            .etcdctl(&survivors, &["member", "remove", &format!("{lost_id:x}")])
-            .await
-            .map_err(anyhow::Error::msg)?;
+        eventually(&format!("member {lost} removed"), CONVERGE, || async {
+            let members = fixture.any_member_list().await?;
+            if !members.iter().any(|m| m["ID"].as_u64() == Some(lost_id)) {
+                return Ok(());
+            }
+            let endpoints = fixture.endpoints().await?;
+            fixture
+                .etcdctl(&endpoints, &["member", "remove", &format!("{lost_id:x}")])
+                .await
+                .map(|_| ())
+        })
+        .await?;
 
         // The learner's pod as the plugin created it before the member was removed: the
         // lost member's pod with the learner's name, joining the old membership.
