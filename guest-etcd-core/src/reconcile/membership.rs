@@ -1,6 +1,6 @@
 //! Membership, when etcd answers: repairs (a member without a pod, a pod without a member, a
-//! failed or crash-looping member), then at most one change: grow, shrink, or an upgrade
-//! step.
+//! learner that can never start, a failed or crash-looping member), then at most one change:
+//! grow, shrink, or an upgrade step.
 
 use policy_host_sdk::pods::ObservedPod;
 
