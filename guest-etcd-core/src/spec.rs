@@ -186,8 +186,9 @@ pub struct BackupSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restore_on_quorum_loss: bool,
     /// Also upload each verified snapshot to an S3-compatible object store, as
-    /// `<prefix><cluster>-<slot>.db`: the objects rotate with the slot files, so the bucket
-    /// keeps the same `keep` snapshots as the claim.
+    /// `<prefix><namespace>/<cluster>-<slot>.db`: the objects rotate with the slot files, so
+    /// the bucket keeps the same `keep` snapshots as the claim, and same-named clusters of
+    /// two namespaces never share an object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3BackupSpec>,
     /// Keep taking snapshots (on demand and on schedule) while `spec.paused` is true. Off by
@@ -226,7 +227,7 @@ pub struct S3RestoreSpec {
     pub endpoint: String,
     /// The bucket holding the snapshot.
     pub bucket: String,
-    /// The object's name, e.g. `etcd/prod/example-0.db` (the prefix and the file of
+    /// The object's name, e.g. `etcd/prod/default/example-0.db` (what follows the bucket in
     /// `status.backup.snapshots[].location`).
     pub key: String,
     /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`.
@@ -498,7 +499,7 @@ pub struct SnapshotStatus {
     /// checked against the snapshot.
     #[serde(rename = "hashKV")]
     pub hash_kv: u32,
-    /// Where the snapshot was uploaded, `s3://<bucket>/<prefix><file>`, with
+    /// Where the snapshot was uploaded, `s3://<bucket>/<prefix><namespace>/<file>`, with
     /// `spec.backup.s3`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,

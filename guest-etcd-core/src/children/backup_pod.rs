@@ -162,7 +162,7 @@ pub fn backup_pod(
         },
     });
     let pod = match spec.backup.as_ref().and_then(|b| b.s3.as_ref()) {
-        Some(s3) => object_store::with_upload(pod, s3, file),
+        Some(s3) => object_store::with_upload(pod, s3, cluster, file),
         None => pod,
     };
     match &spec.tls {

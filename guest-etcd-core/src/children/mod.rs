@@ -74,6 +74,11 @@ pub const ANNOTATION_TRIGGER: &str = "etcd.database.coreos.com/backup-trigger";
 pub const ANNOTATION_SCHEDULED: &str = "etcd.database.coreos.com/backup-scheduled-for";
 /// Annotation of a backup Pod: the snapshot file it writes in the backup claim.
 pub const ANNOTATION_FILE: &str = "etcd.database.coreos.com/backup-file";
+/// Annotation of a member pod re-applied with a new image: when (RFC 3339, the kubelet's
+/// clock) the etcd container it replaces had started. The restart is done once the container
+/// runs the new image and started after that.
+pub const ANNOTATION_REPLACES_STARTED: &str =
+    "etcd.database.coreos.com/replaces-container-started-at";
 /// Init container of the backup Pod that saves the snapshot (`etcdctl snapshot save`).
 pub const SAVE_CONTAINER: &str = "save";
 /// Annotation of a backup Pod that uploads its snapshot: the object's

@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use super::{ANNOTATION_LOCATION, BACKUP_MOUNT, RESTORE_CONTAINER, RESTORE_MOUNT};
+use super::{ANNOTATION_LOCATION, BACKUP_MOUNT, ClusterRef, RESTORE_CONTAINER, RESTORE_MOUNT};
 use crate::spec::{S3RestoreSpec, ValidS3};
 
 /// The backup Pod's init container that uploads the snapshot, after it restored.
@@ -26,9 +26,18 @@ pub const ACCESS_KEY_ID: &str = "accessKeyID";
 /// The credentials Secret's key holding the secret access key.
 pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
 
-/// `s3://<bucket>/<prefix><file>`: where `file` is uploaded, as status reports it.
-pub fn location(s3: &ValidS3, file: &str) -> String {
-    format!("s3://{}/{}{file}", s3.bucket, s3.prefix)
+/// The object a cluster's snapshot `file` is uploaded to: `<prefix><namespace>/<file>`.
+/// Files are named after the cluster (`<cluster>-<slot>.db`), and a cluster's name is unique
+/// only within its namespace: without the namespace, same-named clusters of two namespaces
+/// backing up to one bucket would overwrite each other's objects, and each status would list
+/// a location holding the other's data.
+pub fn object_name(s3: &ValidS3, cluster: &ClusterRef, file: &str) -> String {
+    format!("{}{}/{file}", s3.prefix, cluster.namespace)
+}
+
+/// `s3://<bucket>/<object>`: where `file` is uploaded, as status reports it.
+pub fn location(s3: &ValidS3, cluster: &ClusterRef, file: &str) -> String {
+    format!("s3://{}/{}", s3.bucket, object_name(s3, cluster, file))
 }
 
 /// The environment that gives `mc` the alias `s3` for `endpoint` with the Secret's keys.
@@ -46,17 +55,17 @@ pub fn credentials_env(endpoint: &str, secret: &str) -> Value {
 }
 
 /// A backup Pod that also uploads its snapshot: an init container after the restore (so only
-/// a snapshot that restores is uploaded) copies the slot file to `s3/<bucket>/<prefix><file>`.
-/// The object is named after the slot, so the bucket rotates through the same `keep` names
-/// as the claim. The Pod carries the object's location for the status.
-pub fn with_upload(mut pod: Value, s3: &ValidS3, file: &str) -> Value {
+/// a snapshot that restores is uploaded) copies the slot file to its [`object_name`]. The
+/// object is named after the slot, so the bucket rotates through the same `keep` names as the
+/// claim. The Pod carries the object's location for the status.
+pub fn with_upload(mut pod: Value, s3: &ValidS3, cluster: &ClusterRef, file: &str) -> Value {
     let upload = json!({
         "name": UPLOAD_CONTAINER,
         "image": s3.image,
         "command": [
             "mc", "--config-dir", MC_CONFIG_MOUNT, "cp",
             format!("{BACKUP_MOUNT}/{file}"),
-            format!("{ALIAS}/{}/{}{file}", s3.bucket, s3.prefix),
+            format!("{ALIAS}/{}/{}", s3.bucket, object_name(s3, cluster, file)),
         ],
         "env": credentials_env(&s3.endpoint, &s3.credentials_secret),
         "volumeMounts": [
@@ -75,7 +84,7 @@ pub fn with_upload(mut pod: Value, s3: &ValidS3, file: &str) -> Value {
     if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
         volumes.push(json!({"name": "mc-config", "emptyDir": {}}));
     }
-    pod["metadata"]["annotations"][ANNOTATION_LOCATION] = json!(location(s3, file));
+    pod["metadata"]["annotations"][ANNOTATION_LOCATION] = json!(location(s3, cluster, file));
     pod
 }
 

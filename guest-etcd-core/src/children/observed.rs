@@ -3,6 +3,7 @@
 
 use policy_host_sdk::pods::ObservedPod;
 use policy_host_sdk::{Observation, PolicyError};
+use serde::Deserialize;
 
 use super::{LABEL_ROLE, pvc_kind};
 
@@ -15,6 +16,8 @@ pub struct ObservedChildren {
     pub backup_pods: Vec<ObservedPod>,
     /// Names of data claims, sorted.
     pub claims: Vec<String>,
+    /// Names of the claims among them that are being deleted (kept until no pod mounts them).
+    pub terminating_claims: Vec<String>,
 }
 
 impl ObservedChildren {
@@ -26,15 +29,22 @@ impl ObservedChildren {
             .pods()?
             .into_iter()
             .partition(|p| p.label(LABEL_ROLE) == Some("backup"));
-        let mut claims = observation
-            .children_of_kind(&pvc_kind())
-            .map(|c| c.name().unwrap_or_default())
-            .collect::<Vec<String>>();
+        let mut claims = Vec::new();
+        let mut terminating_claims = Vec::new();
+        for child in observation.children_of_kind(&pvc_kind()) {
+            let claim: ClaimFields = child.parse()?;
+            if claim.metadata.deletion_timestamp.is_some() {
+                terminating_claims.push(claim.metadata.name.clone());
+            }
+            claims.push(claim.metadata.name);
+        }
         claims.sort();
+        terminating_claims.sort();
         Ok(ObservedChildren {
             pods,
             backup_pods,
             claims,
+            terminating_claims,
         })
     }
 
@@ -47,4 +57,23 @@ impl ObservedChildren {
     pub fn has_claim(&self, name: &str) -> bool {
         self.claims.iter().any(|c| c == name)
     }
+
+    /// Whether the data claim with this name is being deleted: no new pod can mount it.
+    pub fn claim_terminating(&self, name: &str) -> bool {
+        self.terminating_claims.iter().any(|c| c == name)
+    }
+}
+
+/// The fields of a claim the decisions read.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ClaimFields {
+    metadata: ClaimMeta,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct ClaimMeta {
+    name: String,
+    deletion_timestamp: Option<String>,
 }

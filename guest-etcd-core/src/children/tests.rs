@@ -515,7 +515,7 @@ fn a_tls_cluster_s_upload_gets_the_store_s_credentials_not_the_operator_certific
         !upload.contains("ETCDCTL") && !upload.contains("operator-tls"),
         "{upload}"
     );
-    assert!(upload.contains("s3/etcd/ex-1.db"), "{upload}");
+    assert!(upload.contains("s3/etcd/ns/ex-1.db"), "{upload}");
     // The etcd steps keep their TLS.
     assert!(init[0].to_string().contains("operator-tls"), "{}", init[0]);
     assert!(

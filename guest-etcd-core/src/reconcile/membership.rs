@@ -1,11 +1,14 @@
 //! Membership, when etcd answers: repairs (a member without a pod, a pod without a member, a
-//! failed or crash-looping member), then at most one change: grow, shrink, or an upgrade
-//! step.
+//! learner that can never start, a failed or crash-looping member), then at most one change:
+//! grow, shrink, or an upgrade step.
 
-use super::{CRASH_LOOP_RESTARTS, MemberInPod, Step};
+use policy_host_sdk::pods::ObservedPod;
+
+use super::{CRASH_LOOP_RESTARTS, CRASH_LOOP_SECONDS, MemberInPod, Step};
 use crate::children::{self, ClusterState, ETCD_CONTAINER, quorum};
 use crate::etcd_api::{EtcdApi, Member, MemberList};
-use crate::protocol::{Action, EventType};
+use crate::protocol::{Action, EventType, Timestamp};
+use crate::schedule::parse_rfc3339;
 
 impl Step<'_> {
     pub(super) fn membership_step(
@@ -54,6 +57,12 @@ impl Step<'_> {
             );
         }
 
+        // A learner that can never start is removed before anything else: it holds no vote,
+        // and while it is there no other member can join.
+        if let Some(stuck) = members.iter().find_map(|m| self.stuck_learner(m, &list)) {
+            return self.remove_stuck_learner(etcd, contact, stuck, &list);
+        }
+
         // Failed pods of members: delete them; the member is then recreated or replaced.
         for m in &members {
             if let Some(pod) = m.pod.as_deref().and_then(|p| self.children.pod(p))
@@ -68,36 +77,45 @@ impl Step<'_> {
                 repaired = true;
             }
         }
-        // A crash-looping member (etcd answered, so the others hold a quorum without it):
-        // its pod goes with its claim, so the member is removed and replaced by a fresh one
-        // rather than restarted again on the same data. One at a time.
+        // A member that keeps crashing (etcd answered, so the others hold a quorum without
+        // it). Lifetime restarts alone say little (they pile up over months of node reboots),
+        // so only a member not Ready and crash-looping for minutes counts. With emptyDir its
+        // pod is deleted and a fresh member replaces it. Data on a claim is never deleted
+        // here: the member is reported, and a human who deletes the claim has it replaced.
         if !repaired
             && let Some(pod) = members
                 .iter()
                 .filter(|m| m.member.is_started())
                 .filter_map(|m| m.pod.as_deref().and_then(|p| self.children.pod(p)))
-                .find(|p| {
-                    !p.terminating
-                        && !p.ready
-                        && p.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
-                        && p.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
-                })
+                .find(|p| !p.terminating && crash_looping(p, self.now))
         {
-            self.delete_member_pod(&pod.name);
-            self.event(
-                EventType::Warning,
-                "MemberCrashLooping",
-                format!(
-                    "member {} restarted {} times without becoming Ready; replacing it with a fresh member (its logs say why)",
-                    pod.name,
-                    pod.restarts(ETCD_CONTAINER)
-                ),
-            );
-            self.progressing(
-                "ReplacingMember",
-                format!("pod {} is crash-looping; replacing it", pod.name),
-            );
-            repaired = true;
+            let claim = self.cluster.claim_name(&pod.name);
+            if self.children.has_claim(&claim) && !self.children.claim_terminating(&claim) {
+                self.degraded = Some((
+                    "MemberCrashLooping",
+                    format!(
+                        "member {} keeps crashing (not Ready, in CrashLoopBackOff for over {} s); its data on claim {claim} is kept: read its logs, and if its data is broken delete claim {claim} to have it replaced by a fresh member",
+                        pod.name, CRASH_LOOP_SECONDS
+                    ),
+                ));
+            } else {
+                self.delete_member_pod_only(&pod.name);
+                self.event(
+                    EventType::Warning,
+                    "MemberCrashLooping",
+                    format!(
+                        "member {} has been crashing for over {} s ({} restarts) without becoming Ready; replacing it with a fresh member (its logs say why)",
+                        pod.name,
+                        CRASH_LOOP_SECONDS,
+                        pod.restarts(ETCD_CONTAINER)
+                    ),
+                );
+                self.progressing(
+                    "ReplacingMember",
+                    format!("pod {} is crash-looping; replacing it", pod.name),
+                );
+                repaired = true;
+            }
         }
 
         // Members without a pod.
@@ -120,6 +138,9 @@ impl Step<'_> {
                 repaired = true;
             } else if self.spec.storage.is_some()
                 && self.children.has_claim(&self.cluster.claim_name(&pod))
+                && !self
+                    .children
+                    .claim_terminating(&self.cluster.claim_name(&pod))
             {
                 self.create_member_pod(&pod, initial, ClusterState::Existing);
                 self.progressing(
@@ -229,6 +250,10 @@ impl Step<'_> {
             .cloned()
             .collect();
         if !not_ready.is_empty() {
+            // etcd answered and accepted spec.version against the version it runs.
+            if !self.version_blocked {
+                self.reapply_unpullable_images(Some(&self.spec.version));
+            }
             self.progressing(
                 "WaitingForMembers",
                 format!("members not Ready: {}", not_ready.join(", ")),
@@ -237,6 +262,82 @@ impl Step<'_> {
         }
         self.upgrade(etcd, &members, leader);
         list
+    }
+
+    /// Why learner `m` can never start, if it cannot: it has not started, and its pod
+    /// was created for a membership that has changed since (etcd compares `--initial-cluster`
+    /// with the running cluster's members and refuses to join on any difference: "member
+    /// count is unequal", "PeerURLs: no match found"), or its pod keeps crashing or failed.
+    /// A started learner runs from its data directory and ignores these flags.
+    fn stuck_learner(&self, m: &MemberInPod, list: &MemberList) -> Option<StuckLearner> {
+        if !m.member.is_learner || m.member.is_started() {
+            return None;
+        }
+        let pod = self.children.pod(m.pod.as_deref()?)?;
+        if pod.terminating {
+            return None;
+        }
+        let why = if pod.is_gone() {
+            format!("its pod {} failed before it started", pod.name)
+        } else if let Some(joined) = initial_cluster_urls(pod.args(ETCD_CONTAINER))
+            && joined != sorted_urls(self.initial_cluster(&list.members))
+        {
+            format!(
+                "its pod {} was created to join {} but the members are now {}: etcd refuses to start it",
+                pod.name,
+                url_hosts(&joined),
+                url_hosts(&sorted_urls(self.initial_cluster(&list.members)))
+            )
+        } else if crash_looping(pod, self.now) {
+            format!(
+                "its pod {} has been crashing for over {CRASH_LOOP_SECONDS} s ({} restarts) without ever starting",
+                pod.name,
+                pod.restarts(ETCD_CONTAINER)
+            )
+        } else {
+            return None;
+        };
+        Some(StuckLearner {
+            id: m.member.id,
+            pod: pod.name.clone(),
+            why,
+        })
+    }
+
+    /// `member remove` of a learner that can never start, then its pod and claim: a
+    /// learner holds no vote, so this never touches the quorum, and a fresh member is added
+    /// in its place by a later reconcile.
+    fn remove_stuck_learner(
+        &mut self,
+        etcd: &mut impl EtcdApi,
+        contact: &str,
+        stuck: StuckLearner,
+        list: &MemberList,
+    ) -> MemberList {
+        let StuckLearner { id, pod, why } = stuck;
+        match etcd.member_remove(contact, id) {
+            Ok(after) => {
+                self.delete_member_pod(&pod);
+                self.event(
+                    EventType::Warning,
+                    "LearnerRemoved",
+                    format!(
+                        "removed learner {pod} (ID {id:x}): {why}; a fresh member takes its place"
+                    ),
+                );
+                self.progressing("ReplacingMember", format!("removed learner {pod}: {why}"));
+                after
+            }
+            Err(e) => {
+                self.progressing(
+                    "ReplacingMember",
+                    format!(
+                        "learner {pod} can never start ({why}); removing it failed, retrying: {e}"
+                    ),
+                );
+                list.clone()
+            }
+        }
     }
 
     /// Whether another learner may join beside the current ones: every member has started
@@ -455,4 +556,53 @@ impl Step<'_> {
             }
         }
     }
+}
+
+/// A learner that can never start, and why.
+struct StuckLearner {
+    id: u64,
+    pod: String,
+    why: String,
+}
+
+/// A member pod whose etcd keeps exiting: waiting in `CrashLoopBackOff` after at least
+/// [`CRASH_LOOP_RESTARTS`] restarts, and not Ready for [`CRASH_LOOP_SECONDS`] (its `Ready`
+/// condition's last change). Without that time it cannot be told from a transient fault.
+fn crash_looping(pod: &ObservedPod, now: Timestamp) -> bool {
+    !pod.ready
+        && pod.waiting_reason(ETCD_CONTAINER) == Some("CrashLoopBackOff")
+        && pod.restarts(ETCD_CONTAINER) >= CRASH_LOOP_RESTARTS
+        && pod
+            .ready_changed_at()
+            .and_then(parse_rfc3339)
+            .is_some_and(|since| now.seconds - since >= CRASH_LOOP_SECONDS)
+}
+
+/// The peer URLs of a member pod's `--initial-cluster`, sorted; `None` without the flag.
+fn initial_cluster_urls(args: &[String]) -> Option<Vec<String>> {
+    let value = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--initial-cluster="))?;
+    Some(sorted_urls(value.split(',').filter_map(|entry| {
+        let (name, url) = entry.split_once('=')?;
+        Some((name.to_owned(), url.to_owned()))
+    })))
+}
+
+/// The URLs of `(name, peer URL)` pairs, sorted: etcd matches members by their peer URLs.
+fn sorted_urls(members: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    let mut urls: Vec<String> = members.into_iter().map(|(_, url)| url).collect();
+    urls.sort();
+    urls
+}
+
+/// `ex-0, ex-1`: the pods behind peer URLs, for a message.
+fn url_hosts(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+            rest.split(['.', ':', '/']).next().unwrap_or(rest)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -8,7 +8,8 @@
 //!
 //! - grow: `member add` (as a learner), then create its pod; promote it once it caught up.
 //!   A member in etcd without a pod (crash after `member add`) gets its pod, never a
-//!   second member.
+//!   second member. A learner that can never start (its pod joined a membership that has
+//!   changed since, or keeps crashing) is removed and added again with a fresh pod.
 //! - shrink: `member remove`, then delete its pod. A pod without a member (crash after
 //!   `member remove`) is deleted.
 //! - replace: a member whose pod failed or vanished with its emptyDir is removed, then a
@@ -60,9 +61,13 @@ pub const REQUEUE_PROGRESSING_MS: u64 = 2_000;
 pub const REQUEUE_ADDING_MS: u64 = 1_000;
 /// Requeue delay when the cluster matches its spec (a health check).
 pub const REQUEUE_STEADY_MS: u64 = 30_000;
-/// Restarts after which a member whose pod is not Ready is crash-looping: its data or its
-/// configuration is broken, and restarting it again will not help.
+/// Restarts (in the pod's life) below which a member is never taken for crash-looping.
 pub const CRASH_LOOP_RESTARTS: i64 = 5;
+/// Seconds a member must have been not Ready, and be in `CrashLoopBackOff`, to be taken for
+/// crash-looping: its data or its configuration is broken, and restarting it again will not
+/// help. Long enough for a transient fault (a full disk freed, a node's hiccup) to pass, and
+/// for the kubelet's back-off (10 s doubling) to have restarted it several times.
+pub const CRASH_LOOP_SECONDS: i64 = 120;
 
 /// The parent EtcdCluster, as far as the decisions need it.
 struct Parent {
@@ -367,6 +372,9 @@ impl<'a> Step<'a> {
         let mut errors = Vec::new();
         for pod in candidates {
             match etcd.member_list(&pod) {
+                Ok(list) if let Some(problem) = self.foreign_answer(&pod, &list) => {
+                    errors.push(format!("{pod}: {problem}"));
+                }
                 Ok(list) => {
                     let status = etcd.status(&pod).ok();
                     return Some(EtcdView {
@@ -382,6 +390,27 @@ impl<'a> Step<'a> {
             self.progressing("EtcdUnreachable", errors.join("; "));
         }
         None
+    }
+
+    /// Why a member list `pod` answered is not this cluster's to act on, if it is not: it
+    /// names another cluster than the one recorded in status, or does not list `pod` itself.
+    /// Every pod carrying the EtcdCluster's controller reference is observed, so a Ready pod
+    /// that is no member (someone's, or a removed member's) could otherwise have the real
+    /// members deleted as strays by its answer.
+    fn foreign_answer(&self, pod: &str, list: &MemberList) -> Option<String> {
+        if let Some(recorded) = &self.observed.cluster_id
+            && list.cluster_id.to_string() != *recorded
+        {
+            return Some(format!(
+                "answered for cluster {}, not this cluster's {recorded} (status.clusterID); ignored",
+                list.cluster_id
+            ));
+        }
+        let listed = list
+            .members
+            .iter()
+            .any(|m| self.member_pod_name(m).as_deref() == Some(pod));
+        (!listed).then(|| "answered with a member list that does not list it; ignored".to_owned())
     }
 
     fn member_pod_name(&self, member: &Member) -> Option<String> {

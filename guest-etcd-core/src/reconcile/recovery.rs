@@ -5,7 +5,7 @@
 use super::{Outcome, Step};
 use crate::children::{self, ClusterState, quorum};
 use crate::protocol::{Action, EventType};
-use crate::spec::{MemberStatus, RestoreSpec};
+use crate::spec::{MemberStatus, RestoreSpec, Version};
 
 impl Step<'_> {
     /// etcd did not answer: only what is safe without its member list.
@@ -106,14 +106,22 @@ impl Step<'_> {
                 .map(|name| (name.clone(), self.cluster.peer_url(name)))
                 .collect();
             for name in &recorded_members {
+                let claim = self.cluster.claim_name(name);
                 if self.children.pod(name).is_none()
-                    && self.children.has_claim(&self.cluster.claim_name(name))
+                    && self.children.has_claim(&claim)
+                    && !self.children.claim_terminating(&claim)
                 {
                     self.create_member_pod(name, initial.clone(), ClusterState::Existing);
                     recreated.push(name.clone());
                 }
             }
         }
+        let last_version = self
+            .observed
+            .current_version
+            .as_deref()
+            .and_then(Version::parse);
+        self.reapply_unpullable_images(last_version.as_ref());
         if !recreated.is_empty() {
             self.progressing(
                 "RecreatingMembers",

@@ -1,7 +1,8 @@
-//! Observed Pods as a plugin reads them: phase, readiness, deletion, labels and
-//! annotations, and each container's image, restarts and waiting reason, without the plugin
-//! declaring serde types for the Pod schema. For a stateful app these are what most
-//! decisions turn on (is this member up, gone for good, crash-looping, on the new image).
+//! Observed Pods as a plugin reads them: phase, readiness (and since when), deletion, labels
+//! and annotations, and each container's image (in the spec and as running), restarts,
+//! start time and waiting reason, without the plugin declaring serde types for the Pod
+//! schema. For a stateful app these are what most decisions turn on (is this member up, gone
+//! for good, crash-looping for a while, restarted on the new image).
 
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
@@ -25,6 +26,8 @@ pub struct ObservedPod {
     pub phase: String,
     /// Whether the `Ready` condition is `True`.
     pub ready: bool,
+    /// When the `Ready` condition last changed (`lastTransitionTime`, RFC 3339), if reported.
+    ready_changed_at: Option<String>,
     /// Whether the Pod is being deleted (`metadata.deletionTimestamp` set).
     pub terminating: bool,
     labels: BTreeMap<String, String>,
@@ -89,11 +92,12 @@ struct StatusFields {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(default)]
+#[serde(default, rename_all = "camelCase")]
 struct ConditionFields {
     #[serde(rename = "type")]
     type_: String,
     status: String,
+    last_transition_time: Option<String>,
 }
 
 #[derive(Deserialize, Default, Clone, Debug)]
@@ -102,12 +106,22 @@ struct ContainerStatusFields {
     name: String,
     restart_count: i64,
     state: StateFields,
+    image: String,
+    #[serde(rename = "imageID")]
+    image_id: String,
 }
 
 #[derive(Deserialize, Default, Clone, Debug)]
 #[serde(default)]
 struct StateFields {
     waiting: Option<WaitingFields>,
+    running: Option<RunningFields>,
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default, rename_all = "camelCase")]
+struct RunningFields {
+    started_at: Option<String>,
 }
 
 #[derive(Deserialize, Default, Clone, Debug)]
@@ -126,14 +140,12 @@ impl ObservedPod {
                 format!("a Pod child is not a Pod object ({e}); this is a host bug"),
             )
         })?;
+        let ready_condition = fields.status.conditions.iter().find(|c| c.type_ == "Ready");
         Ok(ObservedPod {
             name: fields.metadata.name,
             phase: fields.status.phase,
-            ready: fields
-                .status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True"),
+            ready: ready_condition.is_some_and(|c| c.status == "True"),
+            ready_changed_at: ready_condition.and_then(|c| c.last_transition_time.clone()),
             terminating: fields.metadata.deletion_timestamp.is_some(),
             labels: fields.metadata.labels,
             annotations: fields.metadata.annotations,
@@ -203,6 +215,34 @@ impl ObservedPod {
             .as_deref()
     }
 
+    /// When the `Ready` condition last changed (its `lastTransitionTime`, RFC 3339): since
+    /// when the Pod has been Ready, or not Ready. `None` before the kubelet reported it.
+    pub fn ready_changed_at(&self) -> Option<&str> {
+        self.ready_changed_at.as_deref()
+    }
+
+    /// The image container `container` runs, as the kubelet reports it (`status.image`):
+    /// after a change of the spec's image, the old one until the container restarted.
+    /// Runtimes may report a normalized name (`docker.io/library/busybox:1` for `busybox:1`).
+    pub fn running_image(&self, container: &str) -> Option<&str> {
+        Some(self.container_status(container)?.image.as_str()).filter(|i| !i.is_empty())
+    }
+
+    /// The image ID container `container` runs (`status.imageID`, usually a digest).
+    pub fn running_image_id(&self, container: &str) -> Option<&str> {
+        Some(self.container_status(container)?.image_id.as_str()).filter(|i| !i.is_empty())
+    }
+
+    /// When container `container` started (RFC 3339), while it runs; `None` otherwise.
+    pub fn started_at(&self, container: &str) -> Option<&str> {
+        self.container_status(container)?
+            .state
+            .running
+            .as_ref()?
+            .started_at
+            .as_deref()
+    }
+
     fn container_status(&self, container: &str) -> Option<&ContainerStatusFields> {
         self.container_statuses.iter().find(|s| s.name == container)
     }
@@ -254,6 +294,36 @@ mod tests {
         assert!(p.args("db").is_empty() && p.args("other").is_empty());
         assert_eq!(p.restarts("db"), 3);
         assert_eq!(p.waiting_reason("db"), None);
+        assert_eq!(p.ready_changed_at(), None, "not reported");
+        assert_eq!(p.started_at("db"), None, "not reported");
+        assert_eq!(p.running_image("db"), None);
+    }
+
+    #[test]
+    fn a_restarted_container_reports_its_image_and_start_and_readiness_its_change() {
+        let p = pod(json!({
+            "metadata": {"name": "db-0"},
+            "spec": {"containers": [{"name": "db", "image": "db:3"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2024-05-01T12:00:00Z"}],
+                "containerStatuses": [{
+                    "name": "db", "restartCount": 1,
+                    "image": "docker.io/library/db:2", "imageID": "docker.io/library/db@sha256:ab",
+                    "state": {"running": {"startedAt": "2024-05-01T11:59:30Z"}},
+                }],
+            },
+        }));
+        assert!(!p.ready);
+        assert_eq!(p.ready_changed_at(), Some("2024-05-01T12:00:00Z"));
+        assert_eq!(p.image("db"), Some("db:3"), "the spec's");
+        assert_eq!(p.running_image("db"), Some("docker.io/library/db:2"));
+        assert_eq!(
+            p.running_image_id("db"),
+            Some("docker.io/library/db@sha256:ab")
+        );
+        assert_eq!(p.started_at("db"), Some("2024-05-01T11:59:30Z"));
+        assert_eq!(p.started_at("other"), None);
     }
 
     #[test]

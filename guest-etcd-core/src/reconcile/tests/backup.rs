@@ -452,7 +452,7 @@ pub(super) fn rows() -> Vec<Row> {
                 let pod = applied_backup_pod(d);
                 assert_eq!(
                     pod["metadata"]["annotations"][ANNOTATION_LOCATION],
-                    "s3://etcd-snapshots/prod/ex-0.db"
+                    "s3://etcd-snapshots/prod/ns/ex-0.db"
                 );
                 let init = pod["spec"]["initContainers"]
                     .as_array()
@@ -470,7 +470,7 @@ pub(super) fn rows() -> Vec<Row> {
                         "/mc",
                         "cp",
                         "/backup/ex-0.db",
-                        "s3/etcd-snapshots/prod/ex-0.db"
+                        "s3/etcd-snapshots/prod/ns/ex-0.db"
                     ])
                 );
                 assert_eq!(
@@ -506,7 +506,7 @@ pub(super) fn rows() -> Vec<Row> {
                 let pod = applied_backup_pod(d);
                 assert_eq!(
                     pod["spec"]["initContainers"][2]["command"][5],
-                    "s3/etcd-snapshots/prod/ex-1.db"
+                    "s3/etcd-snapshots/prod/ns/ex-1.db"
                 );
             },
         ),
@@ -526,12 +526,12 @@ pub(super) fn rows() -> Vec<Row> {
             |d, _| {
                 let backup = backup_status(d);
                 assert_eq!(
-                    backup["snapshots"][0]["location"], "s3://etcd-snapshots/prod/ex-0.db",
+                    backup["snapshots"][0]["location"], "s3://etcd-snapshots/prod/ns/ex-0.db",
                     "{backup}"
                 );
                 assert!(
                     event_message(d, "BackupSucceeded")
-                        .contains("uploaded to s3://etcd-snapshots/prod/ex-0.db")
+                        .contains("uploaded to s3://etcd-snapshots/prod/ns/ex-0.db")
                 );
             },
         ),
@@ -556,7 +556,7 @@ pub(super) fn rows() -> Vec<Row> {
                 assert_eq!(files(&backup), ["ex-1.db"]);
                 let message = event_message(d, "BackupFailed");
                 for part in [
-                    "uploading it to s3://etcd-snapshots/prod/ex-0.db failed",
+                    "uploading it to s3://etcd-snapshots/prod/ns/ex-0.db failed",
                     "exit code 1",
                     "bucket does not exist",
                     "http://minio.backup.svc:9000",
@@ -1078,5 +1078,45 @@ fn scheduled_snapshots_rotate_through_the_kept_slots() {
     assert!(
         revisions.len() == 2 && revisions[0] > revisions[1],
         "newest first: {revisions:?}"
+    );
+}
+
+/// Review M3: `staging/ex` and `prod/ex` backing up to one bucket wrote the same objects, so
+/// each status listed a location holding whichever cluster uploaded last.
+#[test]
+fn same_named_clusters_in_two_namespaces_upload_to_objects_that_cannot_collide() {
+    let uploaded_to = |namespace: &str| {
+        let mut observation = observation(
+            backup_spec(json!({"trigger": "t1", "s3": s3()})),
+            Some(recorded(&MEMBERS)),
+            members(),
+        );
+        let mut parent: Value = serde_json::from_str(&observation.parent).expect("JSON");
+        parent["metadata"]["namespace"] = json!(namespace);
+        observation.parent = parent.to_string();
+        let decision = reconcile(&observation, &mut healthy()).expect("decides");
+        let pod = applied_backup_pod(&decision);
+        let upload = pod["spec"]["initContainers"]
+            .as_array()
+            .and_then(|init| init.iter().find(|c| c["name"] == "upload"))
+            .map(|c| c["command"][5].clone())
+            .unwrap_or_default();
+        (
+            pod["metadata"]["annotations"][ANNOTATION_LOCATION].clone(),
+            upload,
+        )
+    };
+    let (staging, prod) = (uploaded_to("staging"), uploaded_to("prod"));
+    assert_eq!(
+        staging,
+        (
+            json!("s3://etcd-snapshots/prod/staging/ex-0.db"),
+            json!("s3/etcd-snapshots/prod/staging/ex-0.db")
+        ),
+        "the object is named with the cluster's namespace"
+    );
+    assert_ne!(
+        staging, prod,
+        "each namespace's cluster has its own objects"
     );
 }

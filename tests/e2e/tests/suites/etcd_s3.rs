@@ -1,7 +1,7 @@
 //! The etcd plugin's backups to a real S3-compatible store: a MinIO server started by the
 //! test receives each verified snapshot from the backup Pod's `mc` step; after three scheduled
 //! snapshots the bucket holds exactly the `keep` objects status lists (named as the slot
-//! files, byte-equal to the claim's), and a new cluster restores from the newest object
+//! files under the cluster's namespace, byte-equal to the claim's), and a new cluster restores from the newest object
 //! through `spec.restore.s3` with the claim's copy gone, holding the keys the source had.
 //!
 //! MinIO and `mc` are built on demand (`tests/env/build-binaries.sh s3`) by this test only.
@@ -145,7 +145,10 @@ async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> an
             .iter()
             .filter_map(|s| s["file"].as_str().map(str::to_owned))
             .collect();
-        let wanted: BTreeSet<String> = files.iter().map(|f| format!("{PREFIX}{f}")).collect();
+        // Objects carry the cluster's namespace: same-named clusters elsewhere never share one.
+        let namespace = fixture.namespace.to_string();
+        let object = move |file: &str| format!("{PREFIX}{namespace}/{file}");
+        let wanted: BTreeSet<String> = files.iter().map(|f| object(f)).collect();
         let objects = minio.objects(BUCKET).await?;
         anyhow::ensure!(
             objects == wanted,
@@ -160,26 +163,26 @@ async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> an
         for snapshot in &kept {
             let file = snapshot["file"].as_str().unwrap_or_default();
             anyhow::ensure!(
-                snapshot["location"] == json!(format!("s3://{BUCKET}/{PREFIX}{file}")),
+                snapshot["location"] == json!(format!("s3://{BUCKET}/{}", object(file))),
                 "{snapshot}"
             );
-            let object = minio
-                .mc(&["cat", &format!("s3/{BUCKET}/{PREFIX}{file}")])
+            let bytes = minio
+                .mc(&["cat", &format!("s3/{BUCKET}/{}", object(file))])
                 .await?;
             let downloaded = scratch.join(file);
-            std::fs::write(&downloaded, &object)?;
+            std::fs::write(&downloaded, &bytes)?;
             let (in_claim, in_bucket) =
                 (sha256(&claim.join(file)).await?, sha256(&downloaded).await?);
             anyhow::ensure!(
-                !object.is_empty() && in_claim == in_bucket,
+                !bytes.is_empty() && in_claim == in_bucket,
                 "{file}: sha256 {in_claim} in the claim, {in_bucket} in the bucket ({} bytes)",
-                object.len()
+                bytes.len()
             );
             eprintln!(
                 "[{}] {} ({} bytes, sha256 {in_bucket}) = claim's {file}",
                 fixture.namespace,
                 snapshot["location"],
-                object.len()
+                bytes.len()
             );
         }
 
@@ -195,7 +198,7 @@ async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> an
             .create_cluster_with(json!({
                 "size": 1, "version": version,
                 "restore": {"s3": {"endpoint": minio.endpoint, "bucket": BUCKET,
-                    "key": format!("{PREFIX}{file}"), "credentialsSecret": "s3-credentials"}},
+                    "key": object(&file), "credentialsSecret": "s3-credentials"}},
             }))
             .await?;
         fixture.wait_converged(1).await?;
