@@ -14,6 +14,9 @@
 # mod@version` builds each into its own cache directory (cold: ~5 min each on 2 cores). They
 # are not part of `all`: only the S3 backup test needs them, and it builds them on demand.
 # Helm (family helm) is the same kind of module, built on demand by the chart test only.
+# The fault campaign's client (family campaign) is a main package of ours,
+# tests/env/campaign-writer/main.go, built in a module of its own that requires porcupine and
+# etcd's client; keyed by the source's hash and the versions, built on demand by the campaign.
 #
 # The node family is what a real Kubernetes node needs beside the control plane: kubelet,
 # kube-proxy and kube-scheduler (same wrapper module as kube-apiserver), containerd with its
@@ -22,7 +25,7 @@
 # backend). Cold on 2 cores with the kube build cache warm: about 8 minutes (BENCHMARKS.md).
 #
 # Usage: build-binaries.sh                          # kube, etcd, redis and node of versions.env
-#        build-binaries.sh kube|etcd|redis|node|s3|helm  # one family
+#        build-binaries.sh kube|etcd|redis|node|s3|helm|campaign  # one family
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -310,6 +313,33 @@ EOF_GO
   say "coredns $COREDNS_VERSION: done -> $out"
 }
 
+# The fault campaign's client: our main.go in a module requiring porcupine and the etcd client
+# of the first etcd version. The output directory names a hash of the source and the versions,
+# so an edit rebuilds it; the build prints the directory's path last (the campaign reads it).
+build_campaign() {
+  need_go
+  local client_version=${ETCD_VERSIONS%% *}
+  local sum out work
+  sum=$( { cat "$here/campaign-writer/main.go"; echo "$PORCUPINE_VERSION $client_version"; } | sha256sum | cut -c1-12)
+  out="$cache/bin/campaign-writer-$sum"
+  if [ ! -x "$out/campaign-writer" ]; then
+    work="$cache/work/campaign-writer-$sum"
+    say "campaign-writer ($sum): building with porcupine $PORCUPINE_VERSION and etcd client $client_version"
+    rm -rf "$work" "$out.tmp"; mkdir -p "$work" "$out.tmp"
+    printf 'module policyhost.local/campaignwriter\n\ngo %s\n\nrequire (\n\tgithub.com/anishathalye/porcupine %s\n\tgo.etcd.io/etcd/client/v3 %s\n)\n' \
+      "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" "$PORCUPINE_VERSION" "$client_version" >"$work/go.mod"
+    cp "$here/campaign-writer/main.go" "$work/main.go"
+    ( cd "$work"
+      with_heartbeat "campaign-writer modules" go mod tidy
+      with_heartbeat campaign-writer go build -trimpath -ldflags "-s -w" -o "$out.tmp/campaign-writer" . )
+    rm -rf "$out"; mv "$out.tmp" "$out"
+    say "campaign-writer ($sum): done -> $out"
+  else
+    say "campaign-writer ($sum): cached in $out"
+  fi
+  echo "$out/campaign-writer"
+}
+
 # One build of a family at a time per cache: an on-demand build (a suite's `ensure_s3`) waits
 # for the same family's build already running (`cargo xtask test` starts s3 and helm in the
 # background) and then finds it done.
@@ -333,6 +363,7 @@ case "$what" in
   node) build_node ;;
   s3) build_s3 ;;
   helm) build_helm ;;
+  campaign) build_campaign ;;
   all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube; build_node ;;
-  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm or all"; exit 2 ;;
+  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm, campaign or all"; exit 2 ;;
 esac

@@ -4,7 +4,9 @@
 //! ([`Binaries::ensure_s3`]): most tests do not need them, and they take ~10 minutes cold.
 //! The real node's programs (family `node`: kubelet, kube-proxy, kube-scheduler, containerd,
 //! runc, CoreDNS, the pause program, Debian's CNI plugins and nftables) are part of `all`, and
-//! [`Binaries::ensure_node`] builds what is missing when a test starts a node.
+//! [`Binaries::ensure_node`] builds what is missing when a test starts a node. The fault
+//! campaign's client (family `campaign`, [`Binaries::ensure_campaign_writer`]) is built on
+//! demand too.
 //!
 //! Versions come from `tests/env/versions.env`; the cache is
 //! `${POLICY_HOST_CACHE:-$HOME/.cache/policy-host}/bin`. `KUBEBUILDER_ASSETS`, when set to a
@@ -42,6 +44,8 @@ static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
 static ENSURED_NODE: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `helm` build attempt of this process.
 static ENSURED_HELM: OnceLock<Result<(), String>> = OnceLock::new();
+/// The outcome of the one `campaign` build attempt of this process: the client's path.
+static ENSURED_CAMPAIGN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// Where Debian's containernetworking-plugins installs the CNI plugins.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -104,6 +108,44 @@ impl Binaries {
             }
         })?;
         Ok(helm)
+    }
+
+    /// Builds the fault campaign's client (`tests/env/campaign-writer`: an etcd writer that
+    /// checks its history with porcupine) with `build-binaries.sh campaign` unless the build
+    /// of its current source is cached (cold: well under a minute with the etcd modules
+    /// downloaded), and returns its path. Blocking: from async code, call it through
+    /// `tokio::task::spawn_blocking`.
+    pub fn ensure_campaign_writer(&self) -> Result<PathBuf> {
+        ENSURED_CAMPAIGN
+            .get_or_init(|| {
+                let script = env_dir().join("build-binaries.sh");
+                let output = Command::new("bash")
+                    .arg(&script)
+                    .arg("campaign")
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", script.display()))?;
+                if !output.status.success() {
+                    return Err(format!(
+                        "{} campaign exited with {}; its output is above",
+                        script.display(),
+                        output.status
+                    ));
+                }
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(format!(
+                        "{} campaign named {} as its output, which is not a file",
+                        script.display(),
+                        path.display()
+                    ))
+                }
+            })
+            .clone()
+            .map_err(|reason| Error::Build { reason })
     }
 
     fn node_missing(&self) -> Vec<String> {
