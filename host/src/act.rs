@@ -316,14 +316,19 @@ impl Executor {
     /// per-decision caps is refused before any write; every apply is claimed first, so a
     /// decision that would take an object over writes nothing at all; the writes together
     /// must finish within the act deadline.
+    ///
+    /// What was written is recorded in `carried` as it happens, so it holds what the writes
+    /// before a failure (or the deadline) did: a status written before a later action failed
+    /// still supersedes the parent observed.
     pub async fn apply_decision(
         &self,
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<Carried, ActError> {
+        carried: &mut Carried,
+    ) -> Result<(), ActError> {
         check_decision_size(&actions).map_err(|message| self.refused(message))?;
-        let writes = self.apply_actions(parent, observed, actions);
+        let writes = self.apply_actions(parent, observed, actions, carried);
         match tokio::time::timeout(self.act_deadline, writes).await {
             Ok(outcome) => outcome,
             Err(_) => Err(ActError::Deadline {
@@ -343,9 +348,9 @@ impl Executor {
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<Carried, ActError> {
+        carried: &mut Carried,
+    ) -> Result<(), ActError> {
         let claims = self.claim_applies(parent, observed, &actions).await?;
-        let mut carried = Carried::default();
         for action in actions {
             match action {
                 Action::Apply(json) => self.apply_child(parent, &json, &claims).await?,
@@ -359,7 +364,7 @@ impl Executor {
                 Action::RecordEvent(event) => self.record_event(parent, event).await?,
             }
         }
-        Ok(carried)
+        Ok(())
     }
 
     fn refused(&self, message: String) -> ActError {
@@ -872,7 +877,12 @@ mod tests {
             .with_act_deadline(Duration::from_millis(300));
         let outcome = tokio::time::timeout(
             Duration::from_secs(30),
-            executor.apply_decision(&parent(), &observed(), vec![apply(0)]),
+            executor.apply_decision(
+                &parent(),
+                &observed(),
+                vec![apply(0)],
+                &mut Carried::default(),
+            ),
         )
         .await
         .expect("apply_decision returned by itself");
@@ -886,6 +896,93 @@ mod tests {
         server.abort();
     }
 
+    /// A client of an API server that answers every request with `body` (200, JSON): enough
+    /// for a status write to succeed.
+    async fn answering_api_server(body: Value) -> (Client, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("bound address");
+        let body = body.to_string();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    // One request per connection: read its head and its body, then answer.
+                    loop {
+                        let Ok(read) = socket.read(&mut buffer).await else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                        let text = String::from_utf8_lossy(&request);
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text[..end]
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .and_then(|n| n.trim().parse::<usize>().ok())
+                                })
+                                .unwrap_or(0);
+                            if request.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        let uri: http::Uri = format!("http://{addr}").parse().expect("a valid URI");
+        let client = Client::try_from(kube::Config::new(uri)).expect("a client");
+        (client, server)
+    }
+
+    /// A status written by an action before a later one fails still changed the parent: the
+    /// caller is told, or it would decide again on the view the write superseded (review L5).
+    #[tokio::test]
+    async fn a_status_written_before_a_failed_action_is_reported_with_the_failure() {
+        let mut written = parent();
+        written.metadata.resource_version = Some("2".into());
+        written.data = json!({"status": {"step": 1}});
+        let (client, server) =
+            answering_api_server(serde_json::to_value(&written).expect("the parent as JSON")).await;
+        let executor = Executor::new(client, "probe@1.0.0", &probe_info());
+        let mut observed_parent = parent();
+        observed_parent.metadata.resource_version = Some("1".into());
+        let actions = vec![
+            Action::SetStatus(r#"{"step":1}"#.into()),
+            // Not a child the parent controls: refused, after the status was written.
+            Action::Delete(ChildRef {
+                kind: config_maps(),
+                name: "not-observed".into(),
+            }),
+        ];
+        let mut carried = Carried::default();
+        let outcome = executor
+            .apply_decision(&observed_parent, &observed(), actions, &mut carried)
+            .await;
+        assert!(
+            matches!(outcome, Err(ActError::Refused { .. })),
+            "{outcome:?}"
+        );
+        assert!(
+            carried.status_written,
+            "the status write before the failure is reported"
+        );
+        server.abort();
+    }
+
     #[tokio::test]
     async fn a_refusal_names_the_plugin_version_that_decided() {
         let (client, server) = silent_api_server().await;
@@ -894,7 +991,12 @@ mod tests {
         let secret =
             Action::Apply(r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}"#.into());
         let error = executor
-            .apply_decision(&parent(), &observed(), vec![secret])
+            .apply_decision(
+                &parent(),
+                &observed(),
+                vec![secret],
+                &mut Carried::default(),
+            )
             .await
             .expect_err("an undeclared kind is refused");
         assert!(error.to_string().contains("probe@2.0.0"), "{error}");

@@ -17,7 +17,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
+use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
 use crate::capability::replay::AppCallRecorder;
 use crate::capability::scope::{AppCallScope, Grants};
 use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod};
@@ -487,15 +487,17 @@ async fn reconcile(
             .await?;
             ctx.metrics.decision_took(&ctx.policy, started.elapsed());
             let decision = decision?;
-            let carried = ctx
+            let mut carried = Carried::default();
+            let acted = ctx
                 .executor
                 .for_plugin(plugin.label())
                 .with_grants(&loaded.grants)
-                .apply_decision(&parent, &observed, decision.actions)
-                .await?;
+                .apply_decision(&parent, &observed, decision.actions, &mut carried)
+                .await;
             if carried.status_written {
                 ctx.own_writes.wrote(&parent);
             }
+            acted?;
             Ok::<_, ReconcileError>((decision.done, decision.requeue_after_ms))
         };
         let (done, requeue_after_ms) = match finalized.await {
@@ -560,15 +562,18 @@ async fn reconcile(
         requeue_after_ms = ?decision.requeue_after_ms,
         "decided"
     );
-    let carried = ctx
+    let mut carried = Carried::default();
+    let acted = ctx
         .executor
         .for_plugin(plugin.label())
         .with_grants(&loaded.grants)
-        .apply_decision(&parent, &observed, decision.actions)
-        .await?;
+        .apply_decision(&parent, &observed, decision.actions, &mut carried)
+        .await;
+    // Before the outcome: a status written ahead of a failed action supersedes the view too.
     if carried.status_written {
         ctx.own_writes.wrote(&parent);
     }
+    acted?;
     // After the decision is carried out, never instead of it: a drill only adds a kill.
     let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
     ctx.succeeded(&parent);

@@ -59,7 +59,7 @@ use serde_json::{Value, json};
 use guest_etcd::children::{self, ClusterRef, ClusterState, MemberPod};
 use guest_etcd::etcd_api::{MEMBER_LIST_PATH, MOVE_LEADER_PATH, STATUS_PATH};
 use guest_etcd::spec::EtcdClusterSpec;
-use policy_host::act::{Executor, FIELD_MANAGER, POLICY_LABEL, api_resource};
+use policy_host::act::{Carried, Executor, FIELD_MANAGER, POLICY_LABEL, api_resource};
 use policy_host::capability::replay::AppCallScript;
 use policy_host::capability::scope::AppCallScope;
 use policy_host::contract::{Action, Decision, app_call};
@@ -520,7 +520,12 @@ async fn bench() -> Result<()> {
                     let script = host.script(parent);
                     let (observed, decision, _, _) = host.decide(parent, &script).await?;
                     executor
-                        .apply_decision(parent, &observed, decision.actions)
+                        .apply_decision(
+                            parent,
+                            &observed,
+                            decision.actions,
+                            &mut Carried::default(),
+                        )
                         .await?;
                     anyhow::Ok(())
                 }
