@@ -22,6 +22,8 @@
 //! when the host looked.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
@@ -31,6 +33,7 @@ use std::time::Duration;
 
 use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
+use crate::metrics::Metrics;
 use crate::observe::{Observed, is_controlled_by};
 
 /// What carrying out a decision wrote that the caller has to remember.
@@ -237,12 +240,51 @@ fn is_stale(error: &kube::Error) -> bool {
 pub struct Executor {
     client: Client,
     recorder: Recorder,
+    /// Shared by every clone: what this policy may still publish this minute.
+    events: Arc<Mutex<EventBudget>>,
+    /// Where a refused Event is counted (none in tools and tests).
+    metrics: Option<(Metrics, String)>,
     plugin_label: String,
     info: PolicyInfo,
     parent_resource: ApiResource,
     act_deadline: Duration,
     /// What the admin granted the plugin: the kinds and pod security its writes must keep to.
     grants: Grants,
+}
+
+/// Events one policy's executor publishes per minute at most. kube's Recorder keeps every
+/// Event it published for 6 minutes (to fold repeats into a series), and the parents of a
+/// policy are many (each failing parent's Warning is retried with backoff): the rate bounds
+/// what the Recorder holds, 3,600 Events of at most ~1.3 KiB each per policy. Past it, Events
+/// are dropped (the failure is still logged and counted) until the minute ends.
+pub const MAX_EVENTS_PER_MINUTE: u32 = 600;
+
+/// A fixed one-minute window of [`MAX_EVENTS_PER_MINUTE`].
+#[derive(Debug)]
+struct EventBudget {
+    window: Instant,
+    sent: u32,
+}
+
+impl EventBudget {
+    fn new(now: Instant) -> Self {
+        Self {
+            window: now,
+            sent: 0,
+        }
+    }
+
+    /// Takes one Event from the budget at `now`; false when the minute's are spent.
+    fn take(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.window) >= Duration::from_secs(60) {
+            *self = Self::new(now);
+        }
+        if self.sent >= MAX_EVENTS_PER_MINUTE {
+            return false;
+        }
+        self.sent += 1;
+        true
+    }
 }
 
 /// Eight hex digits identifying a text.
@@ -280,6 +322,8 @@ impl Executor {
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
+            events: Arc::new(Mutex::new(EventBudget::new(Instant::now()))),
+            metrics: None,
             client,
             plugin_label: plugin_label.to_string(),
             parent_resource: api_resource(&info.target),
@@ -304,6 +348,13 @@ impl Executor {
             grants: grants.clone(),
             ..self.clone()
         }
+    }
+
+    /// The same executor, counting the Events it drops past [`MAX_EVENTS_PER_MINUTE`] in
+    /// `metrics` for `policy`.
+    pub fn with_metrics(mut self, metrics: Metrics, policy: &str) -> Self {
+        self.metrics = Some((metrics, policy.to_string()));
+        self
     }
 
     /// The same executor with another deadline for the writes of one decision.
@@ -710,6 +761,20 @@ impl Executor {
 
     /// Records an Event on the parent.
     pub async fn record_event(&self, parent: &DynamicObject, event: Event) -> Result<(), ActError> {
+        let allowed = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        if !allowed {
+            if let Some((metrics, policy)) = &self.metrics {
+                metrics.bound_reached(
+                    "events",
+                    &format!("policy `{policy}` published {MAX_EVENTS_PER_MINUTE} Events this minute; further ones are dropped until it ends (their failures are still logged and counted)"),
+                );
+            }
+            return Ok(());
+        }
         let mut note = event.message;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -1036,6 +1101,33 @@ mod tests {
         ];
         for (situation, object, expected) in rows {
             assert_eq!(host_key(&object).as_deref(), expected, "{situation}");
+        }
+    }
+
+    /// Each row: Events asked for at an offset from the window's start, and how many of them
+    /// the budget lets through.
+    #[test]
+    fn a_policys_events_are_bounded_per_minute() {
+        let start = Instant::now();
+        let max = MAX_EVENTS_PER_MINUTE as usize;
+        let rows: Vec<(&str, Vec<(u64, usize)>, usize)> = vec![
+            ("within the minute's budget", vec![(0, max)], max),
+            ("past it in the same minute", vec![(0, max), (59, 10)], max),
+            (
+                "a new minute, a new budget",
+                vec![(0, max + 5), (60, 10)],
+                max + 10,
+            ),
+        ];
+        for (situation, asks, allowed) in rows {
+            let mut budget = EventBudget::new(start);
+            let mut passed = 0;
+            for (at, count) in asks {
+                for _ in 0..count {
+                    passed += usize::from(budget.take(start + Duration::from_secs(at)));
+                }
+            }
+            assert_eq!(passed, allowed, "{situation}");
         }
     }
 

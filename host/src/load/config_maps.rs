@@ -16,6 +16,7 @@
 //!
 //! Each load, swap, refusal and unload is a log line, a `policy_host_plugin_loads_total`
 //! count, and an Event on the ConfigMap (`kubectl describe configmap <name>` shows the history).
+//! A deleted ConfigMap's counts go with it, so the series follow the ConfigMaps that exist.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -735,14 +736,14 @@ impl ConfigMapSource {
     }
 
     async fn deleted(&mut self, name: &str, cm: Option<&ConfigMap>) {
+        let source = source_of(&self.namespace, name);
+        self.metrics.plugin_source_gone(&source);
         let Some(known) = self.known.remove(name) else {
             return;
         };
-        let source = source_of(&self.namespace, name);
         if let Some(kind) = known.shadowing {
             self.store.remove_shadow(&kind, &source);
             tracing::info!(source = %source, kind = %kind, "shadow unloaded: its ConfigMap was deleted");
-            self.metrics.plugin_load(&source, "ShadowUnloaded");
             return;
         }
         let Some(policy) = known.policy else {
@@ -753,7 +754,6 @@ impl ConfigMapSource {
         };
         self.store.remove(&policy);
         tracing::info!(source = %source, plugin = loaded.plugin.label(), "plugin unloaded: its ConfigMap was deleted; its controller stops");
-        self.metrics.plugin_load(&source, "Unloaded");
         if let Some(cm) = cm {
             let message = format!(
                 "unloaded {}: its ConfigMap was deleted; the controller for {} stops",
