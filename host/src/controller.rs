@@ -272,6 +272,8 @@ pub struct PolicyController {
     http: reqwest::Client,
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
     tls: crate::capability::tls::AppTls,
+    /// The parents this host reconciles (its shard's), as the watch last saw them.
+    parents: reflector::Store<DynamicObject>,
     /// Consecutive failures per parent, for the backoff; forgotten when the parent leaves.
     failures: Arc<Failures>,
     /// Parent views superseded by the host's own writes.
@@ -380,6 +382,7 @@ pub async fn run(
         })
         .applied_objects();
     let parents_listed = parent_store.clone();
+    let parents_held = parent_store.clone();
     let mut caches = Vec::new();
     let mut child_streams = Vec::new();
     for kind in &info.children {
@@ -427,6 +430,7 @@ pub async fn run(
         http: crate::capability::http::http_client()
             .map_err(|e| ReconcileError::Setup(e.to_string()))?,
         tls,
+        parents: parents_held,
         failures,
         own_writes: OwnWrites::default(),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
@@ -604,6 +608,9 @@ async fn reconcile(
             .await?;
             ctx.metrics.decision_took(&ctx.policy, started.elapsed());
             let decision = decision?;
+            if ctx.left_the_cache(&parent) {
+                return Ok((false, None));
+            }
             let mut carried = Carried::default();
             let acted = ctx
                 .executor
@@ -679,6 +686,9 @@ async fn reconcile(
         requeue_after_ms = ?decision.requeue_after_ms,
         "decided"
     );
+    if ctx.left_the_cache(&parent) {
+        return Ok(ControllerAction::await_change());
+    }
     let mut carried = Carried::default();
     let acted = ctx
         .executor
@@ -900,6 +910,24 @@ impl PolicyController {
                 }
             }
         });
+    }
+
+    /// Whether `parent` left this host's parent cache while its plugin decided: moved to
+    /// another shard by its label, or deleted. Its decision is then not carried out: the shard
+    /// it moved to decides afresh, and two shards' writes for one parent would interleave
+    /// (review L6). App-calls the decision made are not undone; see [`crate::shard`].
+    fn left_the_cache(&self, parent: &DynamicObject) -> bool {
+        let key = ObjectRef::from_obj_with(parent, self.parent_resource.clone());
+        if self.parents.get(&key).is_some() {
+            return false;
+        }
+        self.metrics.reconcile_abandoned(&self.policy);
+        tracing::info!(
+            policy = %self.policy,
+            parent = %format!("{}/{}", parent.namespace().unwrap_or_default(), parent.name_any()),
+            "decision not carried out: the parent left this host's shard (or was deleted) while its plugin decided"
+        );
+        true
     }
 
     fn succeeded(&self, parent: &DynamicObject) {

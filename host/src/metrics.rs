@@ -82,6 +82,7 @@ pub struct Metrics {
     shadow_decisions: Family<ShadowLabels, Counter>,
     controller_restarts: Family<PolicyLabels, Counter>,
     reconciles_deferred: Family<PolicyLabels, Counter>,
+    reconciles_abandoned: Family<PolicyLabels, Counter>,
     cache_objects: Family<CacheLabels, Gauge>,
     cache_bytes: Family<CacheLabels, Gauge>,
     cache_ignored: Family<CacheLabels, Counter>,
@@ -153,6 +154,12 @@ impl Metrics {
             "Reconciles not decided because the parent's cached view predates the host's own status write (its watch event was still on the way); each retried shortly",
             reconciles_deferred.clone(),
         );
+        let reconciles_abandoned = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "reconciles_abandoned",
+            "Decisions not carried out because the parent left this host's parent cache (moved to another shard by its label, or deleted) while the plugin decided",
+            reconciles_abandoned.clone(),
+        );
         let cache_objects = Family::<CacheLabels, Gauge>::default();
         registry.register(
             "cache_objects",
@@ -186,6 +193,7 @@ impl Metrics {
             load_sources: Arc::new(Mutex::new(HashMap::new())),
             controller_restarts,
             reconciles_deferred,
+            reconciles_abandoned,
             reasons: Arc::new(Mutex::new(HashMap::new())),
             shadow_decisions,
             reconciles,
@@ -209,6 +217,15 @@ impl Metrics {
     /// parent cache.
     pub fn reconcile_deferred(&self, policy: &str) {
         self.reconciles_deferred
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a decision of `policy` not carried out because its parent left the cache.
+    pub fn reconcile_abandoned(&self, policy: &str) {
+        self.reconciles_abandoned
             .get_or_create(&PolicyLabels {
                 policy: policy.into(),
             })
