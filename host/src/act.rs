@@ -22,6 +22,8 @@
 //! when the host looked.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
@@ -31,6 +33,7 @@ use std::time::Duration;
 
 use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
+use crate::metrics::Metrics;
 use crate::observe::{Observed, is_controlled_by};
 
 /// What carrying out a decision wrote that the caller has to remember.
@@ -237,12 +240,51 @@ fn is_stale(error: &kube::Error) -> bool {
 pub struct Executor {
     client: Client,
     recorder: Recorder,
+    /// Shared by every clone: what this policy may still publish this minute.
+    events: Arc<Mutex<EventBudget>>,
+    /// Where a refused Event is counted (none in tools and tests).
+    metrics: Option<(Metrics, String)>,
     plugin_label: String,
     info: PolicyInfo,
     parent_resource: ApiResource,
     act_deadline: Duration,
     /// What the admin granted the plugin: the kinds and pod security its writes must keep to.
     grants: Grants,
+}
+
+/// Events one policy's executor publishes per minute at most. kube's Recorder keeps every
+/// Event it published for 6 minutes (to fold repeats into a series), and the parents of a
+/// policy are many (each failing parent's Warning is retried with backoff): the rate bounds
+/// what the Recorder holds, 3,600 Events of at most ~1.3 KiB each per policy. Past it, Events
+/// are dropped (the failure is still logged and counted) until the minute ends.
+pub const MAX_EVENTS_PER_MINUTE: u32 = 600;
+
+/// A fixed one-minute window of [`MAX_EVENTS_PER_MINUTE`].
+#[derive(Debug)]
+struct EventBudget {
+    window: Instant,
+    sent: u32,
+}
+
+impl EventBudget {
+    fn new(now: Instant) -> Self {
+        Self {
+            window: now,
+            sent: 0,
+        }
+    }
+
+    /// Takes one Event from the budget at `now`; false when the minute's are spent.
+    fn take(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.window) >= Duration::from_secs(60) {
+            *self = Self::new(now);
+        }
+        if self.sent >= MAX_EVENTS_PER_MINUTE {
+            return false;
+        }
+        self.sent += 1;
+        true
+    }
 }
 
 /// Eight hex digits identifying a text.
@@ -280,6 +322,8 @@ impl Executor {
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
+            events: Arc::new(Mutex::new(EventBudget::new(Instant::now()))),
+            metrics: None,
             client,
             plugin_label: plugin_label.to_string(),
             parent_resource: api_resource(&info.target),
@@ -306,6 +350,13 @@ impl Executor {
         }
     }
 
+    /// The same executor, counting the Events it drops past [`MAX_EVENTS_PER_MINUTE`] in
+    /// `metrics` for `policy`.
+    pub fn with_metrics(mut self, metrics: Metrics, policy: &str) -> Self {
+        self.metrics = Some((metrics, policy.to_string()));
+        self
+    }
+
     /// The same executor with another deadline for the writes of one decision.
     pub fn with_act_deadline(mut self, deadline: Duration) -> Self {
         self.act_deadline = deadline;
@@ -316,14 +367,19 @@ impl Executor {
     /// per-decision caps is refused before any write; every apply is claimed first, so a
     /// decision that would take an object over writes nothing at all; the writes together
     /// must finish within the act deadline.
+    ///
+    /// What was written is recorded in `carried` as it happens, so it holds what the writes
+    /// before a failure (or the deadline) did: a status written before a later action failed
+    /// still supersedes the parent observed.
     pub async fn apply_decision(
         &self,
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<Carried, ActError> {
+        carried: &mut Carried,
+    ) -> Result<(), ActError> {
         check_decision_size(&actions).map_err(|message| self.refused(message))?;
-        let writes = self.apply_actions(parent, observed, actions);
+        let writes = self.apply_actions(parent, observed, actions, carried);
         match tokio::time::timeout(self.act_deadline, writes).await {
             Ok(outcome) => outcome,
             Err(_) => Err(ActError::Deadline {
@@ -343,9 +399,9 @@ impl Executor {
         parent: &DynamicObject,
         observed: &Observed,
         actions: Vec<Action>,
-    ) -> Result<Carried, ActError> {
+        carried: &mut Carried,
+    ) -> Result<(), ActError> {
         let claims = self.claim_applies(parent, observed, &actions).await?;
-        let mut carried = Carried::default();
         for action in actions {
             match action {
                 Action::Apply(json) => self.apply_child(parent, &json, &claims).await?,
@@ -359,7 +415,7 @@ impl Executor {
                 Action::RecordEvent(event) => self.record_event(parent, event).await?,
             }
         }
-        Ok(carried)
+        Ok(())
     }
 
     fn refused(&self, message: String) -> ActError {
@@ -705,6 +761,20 @@ impl Executor {
 
     /// Records an Event on the parent.
     pub async fn record_event(&self, parent: &DynamicObject, event: Event) -> Result<(), ActError> {
+        let allowed = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(Instant::now());
+        if !allowed {
+            if let Some((metrics, policy)) = &self.metrics {
+                metrics.bound_reached(
+                    "events",
+                    &format!("policy `{policy}` published {MAX_EVENTS_PER_MINUTE} Events this minute; further ones are dropped until it ends (their failures are still logged and counted)"),
+                );
+            }
+            return Ok(());
+        }
         let mut note = event.message;
         if note.len() > 1000 {
             let mut cut = 1000;
@@ -872,7 +942,12 @@ mod tests {
             .with_act_deadline(Duration::from_millis(300));
         let outcome = tokio::time::timeout(
             Duration::from_secs(30),
-            executor.apply_decision(&parent(), &observed(), vec![apply(0)]),
+            executor.apply_decision(
+                &parent(),
+                &observed(),
+                vec![apply(0)],
+                &mut Carried::default(),
+            ),
         )
         .await
         .expect("apply_decision returned by itself");
@@ -886,6 +961,93 @@ mod tests {
         server.abort();
     }
 
+    /// A client of an API server that answers every request with `body` (200, JSON): enough
+    /// for a status write to succeed.
+    async fn answering_api_server(body: Value) -> (Client, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("bound address");
+        let body = body.to_string();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    // One request per connection: read its head and its body, then answer.
+                    loop {
+                        let Ok(read) = socket.read(&mut buffer).await else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                        let text = String::from_utf8_lossy(&request);
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text[..end]
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .and_then(|n| n.trim().parse::<usize>().ok())
+                                })
+                                .unwrap_or(0);
+                            if request.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        let uri: http::Uri = format!("http://{addr}").parse().expect("a valid URI");
+        let client = Client::try_from(kube::Config::new(uri)).expect("a client");
+        (client, server)
+    }
+
+    /// A status written by an action before a later one fails still changed the parent: the
+    /// caller is told, or it would decide again on the view the write superseded (review L5).
+    #[tokio::test]
+    async fn a_status_written_before_a_failed_action_is_reported_with_the_failure() {
+        let mut written = parent();
+        written.metadata.resource_version = Some("2".into());
+        written.data = json!({"status": {"step": 1}});
+        let (client, server) =
+            answering_api_server(serde_json::to_value(&written).expect("the parent as JSON")).await;
+        let executor = Executor::new(client, "probe@1.0.0", &probe_info());
+        let mut observed_parent = parent();
+        observed_parent.metadata.resource_version = Some("1".into());
+        let actions = vec![
+            Action::SetStatus(r#"{"step":1}"#.into()),
+            // Not a child the parent controls: refused, after the status was written.
+            Action::Delete(ChildRef {
+                kind: config_maps(),
+                name: "not-observed".into(),
+            }),
+        ];
+        let mut carried = Carried::default();
+        let outcome = executor
+            .apply_decision(&observed_parent, &observed(), actions, &mut carried)
+            .await;
+        assert!(
+            matches!(outcome, Err(ActError::Refused { .. })),
+            "{outcome:?}"
+        );
+        assert!(
+            carried.status_written,
+            "the status write before the failure is reported"
+        );
+        server.abort();
+    }
+
     #[tokio::test]
     async fn a_refusal_names_the_plugin_version_that_decided() {
         let (client, server) = silent_api_server().await;
@@ -894,7 +1056,12 @@ mod tests {
         let secret =
             Action::Apply(r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"}}"#.into());
         let error = executor
-            .apply_decision(&parent(), &observed(), vec![secret])
+            .apply_decision(
+                &parent(),
+                &observed(),
+                vec![secret],
+                &mut Carried::default(),
+            )
             .await
             .expect_err("an undeclared kind is refused");
         assert!(error.to_string().contains("probe@2.0.0"), "{error}");
@@ -934,6 +1101,33 @@ mod tests {
         ];
         for (situation, object, expected) in rows {
             assert_eq!(host_key(&object).as_deref(), expected, "{situation}");
+        }
+    }
+
+    /// Each row: Events asked for at an offset from the window's start, and how many of them
+    /// the budget lets through.
+    #[test]
+    fn a_policys_events_are_bounded_per_minute() {
+        let start = Instant::now();
+        let max = MAX_EVENTS_PER_MINUTE as usize;
+        let rows: Vec<(&str, Vec<(u64, usize)>, usize)> = vec![
+            ("within the minute's budget", vec![(0, max)], max),
+            ("past it in the same minute", vec![(0, max), (59, 10)], max),
+            (
+                "a new minute, a new budget",
+                vec![(0, max + 5), (60, 10)],
+                max + 10,
+            ),
+        ];
+        for (situation, asks, allowed) in rows {
+            let mut budget = EventBudget::new(start);
+            let mut passed = 0;
+            for (at, count) in asks {
+                for _ in 0..count {
+                    passed += usize::from(budget.take(start + Duration::from_secs(at)));
+                }
+            }
+            assert_eq!(passed, allowed, "{situation}");
         }
     }
 

@@ -163,6 +163,24 @@ impl ChaosSchedule {
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
     }
+
+    /// Keeps only the drills of parents whose uid `keep` accepts (those still cached).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.drills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| keep(uid));
+    }
+
+    /// How many parents' drills are kept.
+    pub fn len(&self) -> usize {
+        self.drills.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when no drill is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The Pods of the observation that are not already terminating, by name, with their uid; the

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action as ControllerAction, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -17,14 +17,15 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::act::{ActError, Executor, POLICY_LABEL, api_resource};
+use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
 use crate::capability::replay::AppCallRecorder;
 use crate::capability::scope::{AppCallScope, Grants};
 use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod};
 use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
-use crate::observe::cache::{watch_children, watch_parents};
+use crate::observe::admission::{CacheLimits, DEFAULT_CHILD_LIMITS, DEFAULT_PARENT_LIMITS};
+use crate::observe::cache::{CacheBounds, watch_children, watch_parents};
 use crate::observe::{CachedChild, ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
@@ -123,6 +124,66 @@ impl OwnWrites {
     }
 }
 
+/// Consecutive failed reconciles per parent, for the backoff. A parent that succeeds is
+/// forgotten; so is one that leaves the parent cache (deleted, moved to another shard), which
+/// is never reconciled again: the map holds at most the parents the cache holds.
+#[derive(Default)]
+struct Failures(Mutex<HashMap<ObjectRef<DynamicObject>, u32>>);
+
+impl Failures {
+    /// Counts a failure of `parent`; returns its consecutive failures.
+    fn failed(&self, parent: ObjectRef<DynamicObject>) -> u32 {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = map.entry(parent).or_insert(0);
+        *count += 1;
+        *count
+    }
+
+    fn forget(&self, parent: &ObjectRef<DynamicObject>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(parent);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Forgets the failures and drill of a parent that left the parent cache: on its delete event
+/// (a parent deleted without a finalizer is never reconciled again), and on a re-list's end for
+/// every parent the new list lacks (deleted while the watch was down). Called after the store
+/// applied the event.
+fn forget_departed(
+    event: &watcher::Event<DynamicObject>,
+    parents: &reflector::Store<DynamicObject>,
+    resource: &ApiResource,
+    failures: &Failures,
+    chaos: &ChaosSchedule,
+) {
+    match event {
+        watcher::Event::Delete(parent) => {
+            failures.forget(&ObjectRef::from_obj_with(parent, resource.clone()));
+            if let Some(uid) = parent.uid() {
+                chaos.forget(&uid);
+            }
+        }
+        watcher::Event::InitDone => {
+            failures
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|parent, _| parents.get(parent).is_some());
+            let listed: std::collections::HashSet<String> =
+                parents.state().iter().filter_map(|p| p.uid()).collect();
+            chaos.retain(|uid| listed.contains(uid));
+        }
+        _ => {}
+    }
+}
+
 /// First and largest retry delay after a failed reconcile.
 const BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(120));
 
@@ -155,6 +216,20 @@ pub enum ReconcileError {
     /// The controller could not be set up (its app-call client).
     #[error("{0}")]
     Setup(String),
+    /// A child cache refused a child of the parent's namespace at its bounds: the view may lack
+    /// one of the parent's children, and a decision on it could recreate or write off what
+    /// exists.
+    #[error(
+        "the {kind} cache of policy `{policy}` is at its bounds and refused an object of namespace {namespace}, so this parent's view may be incomplete and it is not decided; remove the objects labelled policy-host.io/policy={policy} that no parent needs, or raise the host's cache bounds"
+    )]
+    ChildCacheFull {
+        /// The policy.
+        policy: String,
+        /// The child kind whose cache is full.
+        kind: String,
+        /// The parent's namespace.
+        namespace: String,
+    },
     /// The host's own bookkeeping write (finalizer) failed.
     #[error(
         "updating the finalizer of {parent} failed: {}",
@@ -180,6 +255,7 @@ impl ReconcileError {
             ReconcileError::HostPanicked { .. } => "HostPanicked",
             ReconcileError::Setup(_) => "HostSetupFailed",
             ReconcileError::Finalizer { .. } => "FinalizerUpdateFailed",
+            ReconcileError::ChildCacheFull { .. } => "ChildCacheFull",
         }
     }
 }
@@ -196,14 +272,17 @@ pub struct PolicyController {
     http: reqwest::Client,
     /// Certificates for app-calls over HTTPS, from Secrets of the parents' namespaces.
     tls: crate::capability::tls::AppTls,
-    failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
+    /// The parents this host reconciles (its shard's), as the watch last saw them.
+    parents: reflector::Store<DynamicObject>,
+    /// Consecutive failures per parent, for the backoff; forgotten when the parent leaves.
+    failures: Arc<Failures>,
     /// Parent views superseded by the host's own writes.
     own_writes: OwnWrites,
     finalizer_grace: Duration,
     /// Permits for shadow runs in flight (see [`SHADOW_RUNS_IN_FLIGHT`]).
     shadow_slots: Arc<tokio::sync::Semaphore>,
     /// The parents' chaos drills (`policy-host.io/chaos`).
-    chaos: ChaosSchedule,
+    chaos: Arc<ChaosSchedule>,
 }
 
 /// Options for a policy's controller.
@@ -218,6 +297,10 @@ pub struct ControllerOptions {
     pub finalizer_grace: Duration,
     /// The shard of the parents this host reconciles ([`Shard::whole`]: all of them).
     pub shard: Shard,
+    /// The bounds of each child cache ([`DEFAULT_CHILD_LIMITS`]).
+    pub child_cache: CacheLimits,
+    /// The bounds of the parent cache ([`DEFAULT_PARENT_LIMITS`]).
+    pub parent_cache: CacheLimits,
 }
 
 impl Default for ControllerOptions {
@@ -227,6 +310,8 @@ impl Default for ControllerOptions {
             namespace: None,
             finalizer_grace: DEFAULT_FINALIZER_GRACE,
             shard: Shard::whole(),
+            child_cache: DEFAULT_CHILD_LIMITS,
+            parent_cache: DEFAULT_PARENT_LIMITS,
         }
     }
 }
@@ -274,21 +359,44 @@ pub async fn run(
     // reconciles until the *parent* store is ready, and nothing else. A parent decided before
     // its children are listed looks childless, and a plugin then recreates or writes off
     // children that exist (review #1).
+    let bounds = CacheBounds {
+        policy: policy.clone(),
+        metrics: metrics.clone(),
+        children: options.child_cache,
+        parents: options.parent_cache,
+    };
     let (parent_store, parent_stream) = watch_parents(
         parents,
         parent_resource.clone(),
         watcher::Config::default(),
         options.shard,
+        &bounds,
     );
-    let parent_stream = parent_stream.applied_objects();
+    let failures = Arc::new(Failures::default());
+    let chaos = Arc::new(ChaosSchedule::default());
+    let parent_stream = parent_stream
+        .inspect_ok({
+            let (store, resource) = (parent_store.clone(), parent_resource.clone());
+            let (failures, chaos) = (failures.clone(), chaos.clone());
+            move |event| forget_departed(event, &store, &resource, &failures, &chaos)
+        })
+        .applied_objects();
     let parents_listed = parent_store.clone();
+    let parents_held = parent_store.clone();
     let mut caches = Vec::new();
     let mut child_streams = Vec::new();
     for kind in &info.children {
         let resource = api_resource(kind);
         let children = scoped_api(&client, &resource, namespace);
         let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}={policy}"));
-        let (cache, stream) = watch_children(children, kind.clone(), resource.clone(), config);
+        let (cache, stream) = watch_children(
+            children,
+            kind.clone(),
+            resource.clone(),
+            config,
+            &info.target,
+            &bounds,
+        );
         child_streams.push((stream.touched_objects(), resource));
         caches.push(cache);
     }
@@ -311,7 +419,8 @@ pub async fn run(
     }
     let tls = crate::capability::tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
-        executor: Executor::new(client.clone(), loaded.plugin.label(), &info),
+        executor: Executor::new(client.clone(), loaded.plugin.label(), &info)
+            .with_metrics(metrics.clone(), &policy),
         client,
         store,
         policy: policy.clone(),
@@ -321,11 +430,12 @@ pub async fn run(
         http: crate::capability::http::http_client()
             .map_err(|e| ReconcileError::Setup(e.to_string()))?,
         tls,
-        failures: Mutex::new(HashMap::new()),
+        parents: parents_held,
+        failures,
         own_writes: OwnWrites::default(),
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
         finalizer_grace: options.finalizer_grace,
-        chaos: ChaosSchedule::default(),
+        chaos,
     });
     tracing::info!(
         policy = %policy,
@@ -465,6 +575,17 @@ async fn reconcile(
         return Ok(ControllerAction::await_change());
     }
 
+    if let Some(full) = ctx
+        .caches
+        .iter()
+        .find(|c| c.incomplete(parent.namespace().as_deref()))
+    {
+        return Err(ReconcileError::ChildCacheFull {
+            policy: ctx.policy.clone(),
+            kind: full.kind.to_string(),
+            namespace: parent.namespace().unwrap_or_default(),
+        });
+    }
     let observed = observe(&parent, &ctx.caches)?;
     let scope = AppCallScope::new(
         label.clone(),
@@ -487,15 +608,20 @@ async fn reconcile(
             .await?;
             ctx.metrics.decision_took(&ctx.policy, started.elapsed());
             let decision = decision?;
-            let carried = ctx
+            if ctx.left_the_cache(&parent) {
+                return Ok((false, None));
+            }
+            let mut carried = Carried::default();
+            let acted = ctx
                 .executor
                 .for_plugin(plugin.label())
                 .with_grants(&loaded.grants)
-                .apply_decision(&parent, &observed, decision.actions)
-                .await?;
+                .apply_decision(&parent, &observed, decision.actions, &mut carried)
+                .await;
             if carried.status_written {
                 ctx.own_writes.wrote(&parent);
             }
+            acted?;
             Ok::<_, ReconcileError>((decision.done, decision.requeue_after_ms))
         };
         let (done, requeue_after_ms) = match finalized.await {
@@ -560,15 +686,21 @@ async fn reconcile(
         requeue_after_ms = ?decision.requeue_after_ms,
         "decided"
     );
-    let carried = ctx
+    if ctx.left_the_cache(&parent) {
+        return Ok(ControllerAction::await_change());
+    }
+    let mut carried = Carried::default();
+    let acted = ctx
         .executor
         .for_plugin(plugin.label())
         .with_grants(&loaded.grants)
-        .apply_decision(&parent, &observed, decision.actions)
-        .await?;
+        .apply_decision(&parent, &observed, decision.actions, &mut carried)
+        .await;
+    // Before the outcome: a status written ahead of a failed action supersedes the view too.
     if carried.status_written {
         ctx.own_writes.wrote(&parent);
     }
+    acted?;
     // After the decision is carried out, never instead of it: a drill only adds a kill.
     let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
     ctx.succeeded(&parent);
@@ -583,13 +715,10 @@ fn error_policy(
     error: &ReconcileError,
     ctx: Arc<PolicyController>,
 ) -> ControllerAction {
-    let failures = {
-        let mut map = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let key = ObjectRef::from_obj_with(parent.as_ref(), ctx.parent_resource.clone());
-        let count = map.entry(key).or_insert(0);
-        *count += 1;
-        *count
-    };
+    let failures = ctx.failures.failed(ObjectRef::from_obj_with(
+        parent.as_ref(),
+        ctx.parent_resource.clone(),
+    ));
     let delay = BACKOFF
         .0
         .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(16)))
@@ -783,12 +912,29 @@ impl PolicyController {
         });
     }
 
-    fn succeeded(&self, parent: &DynamicObject) {
+    /// Whether `parent` left this host's parent cache while its plugin decided: moved to
+    /// another shard by its label, or deleted. Its decision is then not carried out: the shard
+    /// it moved to decides afresh, and two shards' writes for one parent would interleave
+    /// (review L6). App-calls the decision made are not undone; see [`crate::shard`].
+    fn left_the_cache(&self, parent: &DynamicObject) -> bool {
         let key = ObjectRef::from_obj_with(parent, self.parent_resource.clone());
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        if self.parents.get(&key).is_some() {
+            return false;
+        }
+        self.metrics.reconcile_abandoned(&self.policy);
+        tracing::info!(
+            policy = %self.policy,
+            parent = %format!("{}/{}", parent.namespace().unwrap_or_default(), parent.name_any()),
+            "decision not carried out: the parent left this host's shard (or was deleted) while its plugin decided"
+        );
+        true
+    }
+
+    fn succeeded(&self, parent: &DynamicObject) {
+        self.failures.forget(&ObjectRef::from_obj_with(
+            parent,
+            self.parent_resource.clone(),
+        ));
     }
 
     /// The parent's `policy-host.io/<name>` finalizers whose policy is not loaded.
@@ -886,7 +1032,7 @@ mod tests {
 
     fn parent_at(uid: &str, version: &str) -> DynamicObject {
         let mut parent = DynamicObject::new(
-            "p",
+            uid,
             &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
         );
         parent.metadata.uid = Some(uid.into());
@@ -919,6 +1065,54 @@ mod tests {
             !own.superseded(&parent_at("a", "10")),
             "forgotten once the cache moved on"
         );
+    }
+
+    /// A parent deleted (or moved to another shard) without a reconcile after it left its
+    /// failure count and drill behind; a parent whose delete the watch missed goes at the
+    /// next re-list (review L3). Each row: the events after two parents failed and drilled,
+    /// then the parents still remembered.
+    #[test]
+    fn what_the_controller_keeps_of_a_parent_goes_when_the_parent_leaves() {
+        use kube::runtime::watcher::Event;
+        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let rows: Vec<(&str, Vec<Event<DynamicObject>>, usize)> = vec![
+            (
+                "a deleted parent is forgotten",
+                vec![Event::Delete(parent_at("a", "10"))],
+                1,
+            ),
+            (
+                "a re-list without a parent forgets it",
+                vec![
+                    Event::Init,
+                    Event::InitApply(parent_at("b", "11")),
+                    Event::InitDone,
+                ],
+                1,
+            ),
+            (
+                "a change forgets nothing",
+                vec![Event::Apply(parent_at("a", "12"))],
+                2,
+            ),
+        ];
+        for (situation, events, left) in rows {
+            let mut writer = reflector::store::Writer::new(resource.clone());
+            let store = writer.as_reader();
+            let (failures, chaos) = (Failures::default(), ChaosSchedule::default());
+            for uid in ["a", "b"] {
+                let parent = parent_at(uid, "1");
+                writer.apply_watcher_event(&Event::Apply(parent.clone()));
+                failures.failed(ObjectRef::from_obj_with(&parent, resource.clone()));
+                chaos.turn(uid, Some("kill-pod every=30s"), true, Instant::now());
+            }
+            for event in events {
+                writer.apply_watcher_event(&event);
+                forget_departed(&event, &store, &resource, &failures, &chaos);
+            }
+            assert_eq!(failures.len(), left, "{situation}: failures");
+            assert_eq!(chaos.len(), left, "{situation}: drills");
+        }
     }
 
     #[test]

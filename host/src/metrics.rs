@@ -1,5 +1,9 @@
 //! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
-//! controllers, shadow comparisons, in Prometheus text.
+//! controllers, shadow comparisons, what the watch caches hold and every bound reached, in
+//! Prometheus text.
+//!
+//! Every label value that outside input chooses (a plugin's refusal reason, a ConfigMap's
+//! name) is bounded, so no tenant or plugin can grow the number of series.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -36,6 +40,25 @@ struct LoadLabels {
     outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    policy: String,
+    cache: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabels {
+    bound: String,
+}
+
+/// Distinct `source` label values of `plugin_loads_total`. A source is a plugin ConfigMap's
+/// name, and whoever may create ConfigMaps in the plugin namespace picks names (review L3):
+/// past the bound, new sources count under [`OTHER_SOURCE`]; a deleted ConfigMap's series go.
+pub const MAX_LOAD_SOURCES: usize = 64;
+
+/// The `source` label of plugin loads whose source is past [`MAX_LOAD_SOURCES`].
+pub const OTHER_SOURCE: &str = "other";
+
 /// Distinct `reason` label values kept per policy. Refusal reasons are the plugin's own text,
 /// so without a bound a plugin could mint one series per reconcile (review #16); past the
 /// bound, new reasons count under [`OTHER_REASON`].
@@ -59,8 +82,15 @@ pub struct Metrics {
     shadow_decisions: Family<ShadowLabels, Counter>,
     controller_restarts: Family<PolicyLabels, Counter>,
     reconciles_deferred: Family<PolicyLabels, Counter>,
+    reconciles_abandoned: Family<PolicyLabels, Counter>,
+    cache_objects: Family<CacheLabels, Gauge>,
+    cache_bytes: Family<CacheLabels, Gauge>,
+    cache_ignored: Family<CacheLabels, Counter>,
+    bounds_reached: Family<BoundLabels, Counter>,
     /// The `reason` values seen per policy, to bound the series.
     reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
+    /// The `outcome` values seen per load source, to bound the series and remove them.
+    load_sources: Arc<Mutex<HashMap<String, HashSet<String>>>>,
 }
 
 impl Default for Metrics {
@@ -124,10 +154,46 @@ impl Metrics {
             "Reconciles not decided because the parent's cached view predates the host's own status write (its watch event was still on the way); each retried shortly",
             reconciles_deferred.clone(),
         );
+        let reconciles_abandoned = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "reconciles_abandoned",
+            "Decisions not carried out because the parent left this host's parent cache (moved to another shard by its label, or deleted) while the plugin decided",
+            reconciles_abandoned.clone(),
+        );
+        let cache_objects = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects a policy's watch cache holds, per cache (`parents`, or a child kind: only children a parent of the policy's kind controls)",
+            cache_objects.clone(),
+        );
+        let cache_bytes = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "cache_bytes",
+            "Approximate bytes (as JSON) of the objects a policy's watch cache holds, per cache",
+            cache_bytes.clone(),
+        );
+        let cache_ignored = Family::<CacheLabels, Counter>::default();
+        registry.register(
+            "cache_ignored",
+            "Labelled objects a child cache did not keep because no object of the policy's kind controls them (anyone may set the label on their own objects)",
+            cache_ignored.clone(),
+        );
+        let bounds_reached = Family::<BoundLabels, Counter>::default();
+        registry.register(
+            "bounds_reached",
+            "Times a bound on what outside input can grow was reached and something was refused or folded, per bound (ARCHITECTURE.md, \"Bounds\")",
+            bounds_reached.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            cache_objects,
+            cache_bytes,
+            cache_ignored,
+            bounds_reached,
+            load_sources: Arc::new(Mutex::new(HashMap::new())),
             controller_restarts,
             reconciles_deferred,
+            reconciles_abandoned,
             reasons: Arc::new(Mutex::new(HashMap::new())),
             shadow_decisions,
             reconciles,
@@ -151,6 +217,15 @@ impl Metrics {
     /// parent cache.
     pub fn reconcile_deferred(&self, policy: &str) {
         self.reconciles_deferred
+            .get_or_create(&PolicyLabels {
+                policy: policy.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a decision of `policy` not carried out because its parent left the cache.
+    pub fn reconcile_abandoned(&self, policy: &str) {
+        self.reconciles_abandoned
             .get_or_create(&PolicyLabels {
                 policy: policy.into(),
             })
@@ -217,13 +292,87 @@ impl Metrics {
     }
 
     /// Counts a plugin load attempt from `source` (e.g. `configmap ns/name`) with its outcome.
+    /// At most [`MAX_LOAD_SOURCES`] sources get their own series.
     pub fn plugin_load(&self, source: &str, outcome: &str) {
+        let source = {
+            let mut sources = self.load_sources.lock().unwrap_or_else(|p| p.into_inner());
+            if !sources.contains_key(source) && sources.len() >= MAX_LOAD_SOURCES {
+                None
+            } else {
+                sources
+                    .entry(source.to_string())
+                    .or_default()
+                    .insert(outcome.to_string());
+                Some(source.to_string())
+            }
+        };
+        let source = source.unwrap_or_else(|| {
+            self.bound_reached(
+                "plugin_load_sources",
+                &format!("more than {MAX_LOAD_SOURCES} plugin sources; further ones count as source=\"{OTHER_SOURCE}\""),
+            );
+            OTHER_SOURCE.to_string()
+        });
         self.plugin_loads
             .get_or_create(&LoadLabels {
-                source: source.into(),
+                source,
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    /// Removes the load series of `source`, whose ConfigMap was deleted.
+    pub fn plugin_source_gone(&self, source: &str) {
+        let outcomes = self
+            .load_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(source);
+        for outcome in outcomes.into_iter().flatten() {
+            self.plugin_loads.remove(&LoadLabels {
+                source: source.to_string(),
+                outcome,
+            });
+        }
+    }
+
+    /// Records what a policy's watch cache (`parents` or a child kind) holds.
+    pub fn cache_held(&self, policy: &str, cache: &str, objects: usize, bytes: usize) {
+        let labels = CacheLabels {
+            policy: policy.into(),
+            cache: cache.into(),
+        };
+        self.cache_objects
+            .get_or_create(&labels)
+            .set(i64::try_from(objects).unwrap_or(i64::MAX));
+        self.cache_bytes
+            .get_or_create(&labels)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a labelled object the child cache `cache` of `policy` did not keep.
+    pub fn cache_ignored(&self, policy: &str, cache: &str) {
+        self.cache_ignored
+            .get_or_create(&CacheLabels {
+                policy: policy.into(),
+                cache: cache.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one refusal at `bound` and logs `what` as a warning: the first time, then at
+    /// every power of two, so a tenant pressing on a bound cannot flood the log either.
+    pub fn bound_reached(&self, bound: &str, what: &str) {
+        let count = self
+            .bounds_reached
+            .get_or_create(&BoundLabels {
+                bound: bound.into(),
+            })
+            .inc()
+            + 1;
+        if count.is_power_of_two() {
+            tracing::warn!(bound, times = count, "bound reached: {what}");
+        }
     }
 
     /// Records whether the controller of `policy` runs.
@@ -274,6 +423,46 @@ mod tests {
                 "policy_host_reconcile_errors_total{policy=\"etcd\",reason=\"Reason0\"} 2"
             )
         );
+    }
+
+    /// One series per ConfigMap name ever seen would grow with every pack created and
+    /// deleted (review L3): the sources are bounded, and a deleted ConfigMap's series go.
+    #[test]
+    fn a_thousand_plugin_config_maps_make_a_bounded_number_of_load_series() {
+        let metrics = Metrics::new();
+        for n in 0..1000 {
+            metrics.plugin_load(&format!("configmap ops/pack-{n}"), "PluginChecksumMismatch");
+        }
+        let series = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("policy_host_plugin_loads_total{"))
+                .count()
+        };
+        let text = metrics.render();
+        assert_eq!(series(&text), MAX_LOAD_SOURCES + 1, "{text}");
+        assert!(
+            text.contains(&format!(
+                "policy_host_plugin_loads_total{{source=\"{OTHER_SOURCE}\",outcome=\"PluginChecksumMismatch\"}} {}",
+                1000 - MAX_LOAD_SOURCES
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "policy_host_bounds_reached_total{{bound=\"plugin_load_sources\"}} {}",
+                1000 - MAX_LOAD_SOURCES
+            )),
+            "{text}"
+        );
+        // A deleted ConfigMap's series go, and free a place for another.
+        metrics.plugin_load("configmap ops/pack-0", "Loaded");
+        metrics.plugin_source_gone("configmap ops/pack-0");
+        let text = metrics.render();
+        assert!(!text.contains("source=\"configmap ops/pack-0\""), "{text}");
+        metrics.plugin_load("configmap ops/late", "Loaded");
+        assert!(metrics.render().contains(
+            "policy_host_plugin_loads_total{source=\"configmap ops/late\",outcome=\"Loaded\"} 1"
+        ));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! cluster-wide, and anyone who may create objects in another namespace can write any uid into
 //! an owner reference.
 
+pub mod admission;
 pub mod cache;
 pub mod child;
 pub mod owner_index;

@@ -8,6 +8,14 @@
 //! because nobody is left to run its cleanup. The grace leaves time for a rename (unload `a`,
 //! load `b` for the same kind): the new policy's controller inherits the old finalizer and
 //! finalizes properly, and this task is stopped as soon as a policy for the kind is loaded.
+//!
+//! It needs no more than a bundle grants on the target kind (`list, watch, patch`): the patch
+//! is made from the watched object, pinned to its resourceVersion, instead of reading the
+//! parent again (a `get` the bundles do not grant; review M1). A patch refused because the
+//! parent changed meanwhile is retried by the task of that change's watch event. Deleting the
+//! bundle removes the rights with the plugin, so nothing can be released after that: unload the
+//! plugin (delete its ConfigMap) first, and delete the rest of the bundle once its parents are
+//! gone.
 
 use std::time::Duration;
 
@@ -79,7 +87,7 @@ pub async fn release(
     }
 }
 
-/// Removes `finalizer` from the current version of `parent`, if it is still there.
+/// Removes `finalizer` from `parent` as it was watched, if it is still that version.
 async fn release_one(
     client: &Client,
     resource: &ApiResource,
@@ -91,29 +99,37 @@ async fn release_one(
     let namespace = parent.namespace().unwrap_or_default();
     let name = parent.name_any();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
-    let Ok(Some(current)) = api.get_opt(&name).await else {
-        return;
-    };
-    if !current.finalizers().iter().any(|f| f == finalizer) {
-        return;
-    }
-    let finalizers: Vec<&String> = current
+    let finalizers: Vec<&String> = parent
         .finalizers()
         .iter()
         .filter(|f| *f != finalizer)
         .collect();
-    // Pinned to the version read: a concurrent change makes this fail, and the watch event
-    // of that change schedules another try.
+    // Pinned to the version watched: a concurrent change makes this fail, and the watch event
+    // of that change scheduled its own try.
     let patch = json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": current.resource_version() }
+        "metadata": { "finalizers": finalizers, "resourceVersion": parent.resource_version() }
     });
-    if let Err(error) = api
+    let current = match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        tracing::warn!(parent = %format!("{namespace}/{name}"), %error, "could not release an orphaned finalizer; the next change retries");
-        return;
-    }
+        Ok(current) => current,
+        Err(kube::Error::Api(status)) if status.code == 404 => return,
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::debug!(parent = %format!("{namespace}/{name}"), "the parent changed since this try was scheduled; the try of its newer version releases the finalizer");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(
+                parent = %format!("{namespace}/{name}"),
+                finalizer,
+                "could not release an orphaned finalizer: {}; the next change of the parent retries (does the host still hold `patch` on {}? delete a plugin's ConfigMap, not its whole bundle, while its parents are deleting)",
+                crate::act::api_error_text(&error),
+                resource.plural
+            );
+            return;
+        }
+    };
     let why = format!(
         "{finalizer} was released: the policy that set it is no longer loaded and no loaded policy reconciles this kind, and the parent was deleting for longer than {grace:?}; its cleanup did not run: check for leftovers"
     );

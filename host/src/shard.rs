@@ -24,10 +24,16 @@
 //! **A parent that changes shard** (its label is set, changed or removed) leaves the old shard's
 //! store on the watch event of that change (the event is turned into a delete there), so the
 //! old shard stops touching it: no new reconcile starts, and its pending requeues find nothing.
-//! The new shard sees the same event as an applied parent and reconciles it. One reconcile the
-//! old shard had in flight at that moment may still finish; its status write carries the
-//! resourceVersion it observed, which the label change has moved on, so it is refused
-//! (`StaleView`), and its child applies are the ones the new shard's decision rewrites.
+//! The new shard sees the same event as an applied parent and reconciles it. A reconcile the
+//! old shard had in flight at that moment looks at its store again before its act stage, and a
+//! parent gone from it gets nothing written (`policy_host_reconciles_abandoned_total`). The
+//! limit: what that decision did before, its app-calls (an etcd `member add`, a Redis
+//! `REPLICAOF`), is not undone, and may overlap the new shard's first decision; and a write
+//! already under way when the event arrives finishes (its status write carries the
+//! resourceVersion observed, which the label change moved on, so it is refused as
+//! `StaleView`). Both decide from the same observed state, and the shipped plugins choose
+//! deterministically, so they converge; a tenant flipping its own parent's label repeats
+//! that overlap at will, for its own parent only.
 //!
 //! **Changing the number of shards** changes the hash's modulus, so most parents move at once,
 //! and replicas started with different counts disagree about who owns what. Stop the old

@@ -16,6 +16,7 @@
 //!
 //! Each load, swap, refusal and unload is a log line, a `policy_host_plugin_loads_total`
 //! count, and an Event on the ConfigMap (`kubectl describe configmap <name>` shows the history).
+//! A deleted ConfigMap's counts go with it, so the series follow the ConfigMaps that exist.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -114,6 +115,18 @@ impl RefusalError {
             RefusalError::PoolFull { .. } => "PluginPoolFull",
         }
     }
+}
+
+/// What a plugin being checked against the pool will be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Candidate<'a> {
+    /// The active plugin of its kind, replacing the policy of this name if any.
+    Active {
+        /// The policy it replaces.
+        replacing: Option<&'a str>,
+    },
+    /// The shadow of its kind, replacing the shadow there.
+    Shadow,
 }
 
 /// A load that passed every check, ready to go into the store.
@@ -507,33 +520,49 @@ impl ConfigMapSource {
         }
     }
 
-    /// Refuses `loaded` when, beside the other active plugins (not the one it replaces), the
-    /// plugins could run more instances at once than the host holds: the pool is sized for
-    /// the sum of what loaded plugins may run (review #7c), so no plugin starves another.
+    /// Refuses `loaded` when, beside the other loaded plugins, the plugins could run more
+    /// instances at once than the host holds: the pool is sized for the sum of what loaded
+    /// plugins may run (review #7c), so no plugin starves another. An active `loaded` takes the
+    /// place of the policy it replaces (`Candidate::Active`); a shadow takes the place of its
+    /// kind's shadow and runs beside that kind's active plugin (review L2: shadows were loaded
+    /// without this check, and the active plugins' decisions then got `SandboxBusy`).
     fn check_pool(
         &self,
         loaded: &LoadedPolicy,
-        replacing: Option<&str>,
+        candidate: Candidate<'_>,
     ) -> Result<(), RefusalError> {
-        let shadows = self.store.list_shadows();
+        let target_of = |policy: &LoadedPolicy| policy.plugin.info().target.to_string();
+        let mut shadows: Vec<(String, u32)> = self
+            .store
+            .list_shadows()
+            .iter()
+            .map(|s| (target_of(s), s.plugin.slot_cost()))
+            .collect();
+        if candidate == Candidate::Shadow {
+            shadows.retain(|(target, _)| *target != target_of(loaded));
+            shadows.push((target_of(loaded), loaded.plugin.slot_cost()));
+        }
         let at_once = |policy: &LoadedPolicy| {
             let concurrency = policy.concurrency.unwrap_or(self.defaults.concurrency);
             let shadow = shadows
                 .iter()
-                .find(|s| {
-                    s.plugin.info().target.to_string() == policy.plugin.info().target.to_string()
-                })
-                .map_or(0, |s| s.plugin.slot_cost());
+                .find(|(target, _)| *target == target_of(policy))
+                .map_or(0, |(_, cost)| *cost);
             (concurrency, policy.plugin.slot_cost(), shadow)
         };
-        let others = self
-            .store
-            .list()
-            .into_iter()
-            .filter(|p| p.name() != loaded.name() && Some(p.name()) != replacing)
-            .map(|p| at_once(&p))
-            .collect::<Vec<_>>();
-        let demand = instances_at_once(others.into_iter().chain([at_once(loaded)]));
+        let demand = match candidate {
+            Candidate::Active { replacing } => {
+                let others = self
+                    .store
+                    .list()
+                    .into_iter()
+                    .filter(|p| p.name() != loaded.name() && Some(p.name()) != replacing)
+                    .map(|p| at_once(&p))
+                    .collect::<Vec<_>>();
+                instances_at_once(others.into_iter().chain([at_once(loaded)]))
+            }
+            Candidate::Shadow => instances_at_once(self.store.list().iter().map(|p| at_once(p))),
+        };
         if demand > INSTANCE_SLOTS {
             return Err(RefusalError::PoolFull {
                 plugin: loaded.plugin.label().to_string(),
@@ -617,7 +646,12 @@ impl ConfigMapSource {
                 other_source: other.source.clone(),
             });
         }
-        self.check_pool(&loaded, previous_policy)?;
+        self.check_pool(
+            &loaded,
+            Candidate::Active {
+                replacing: previous_policy,
+            },
+        )?;
         let (outcome, message) = match replaced {
             Some(before) => (
                 "Swapped",
@@ -676,14 +710,16 @@ impl ConfigMapSource {
             short(plugin.content_sha256()),
             cm.name_any()
         );
+        let loaded = LoadedPolicy {
+            plugin,
+            grants: pack.grants,
+            source: source.to_string(),
+            loaded_at: SystemTime::now(),
+            concurrency: Some(pack.concurrency),
+        };
+        self.check_pool(&loaded, Candidate::Shadow)?;
         Ok(Swap {
-            loaded: LoadedPolicy {
-                plugin,
-                grants: pack.grants,
-                source: source.to_string(),
-                loaded_at: SystemTime::now(),
-                concurrency: Some(pack.concurrency),
-            },
+            loaded,
             outcome: "ShadowLoaded",
             message,
             replaced_source: None,
@@ -700,14 +736,14 @@ impl ConfigMapSource {
     }
 
     async fn deleted(&mut self, name: &str, cm: Option<&ConfigMap>) {
+        let source = source_of(&self.namespace, name);
+        self.metrics.plugin_source_gone(&source);
         let Some(known) = self.known.remove(name) else {
             return;
         };
-        let source = source_of(&self.namespace, name);
         if let Some(kind) = known.shadowing {
             self.store.remove_shadow(&kind, &source);
             tracing::info!(source = %source, kind = %kind, "shadow unloaded: its ConfigMap was deleted");
-            self.metrics.plugin_load(&source, "ShadowUnloaded");
             return;
         }
         let Some(policy) = known.policy else {
@@ -718,7 +754,6 @@ impl ConfigMapSource {
         };
         self.store.remove(&policy);
         tracing::info!(source = %source, plugin = loaded.plugin.label(), "plugin unloaded: its ConfigMap was deleted; its controller stops");
-        self.metrics.plugin_load(&source, "Unloaded");
         if let Some(cm) = cm {
             let message = format!(
                 "unloaded {}: its ConfigMap was deleted; the controller for {} stops",
@@ -779,6 +814,92 @@ fn short(sha256: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::{Limits, Sandbox};
+    use crate::load::pack::sha256_hex;
+
+    fn misbehaving_pack(concurrency: u16, mode: Mode) -> PluginPack {
+        let path = policy_host_test_plugins::build("misbehaving-policy").expect("plugin builds");
+        let component = std::fs::read(path).expect("plugin file readable");
+        PluginPack {
+            sha256: sha256_hex(&component),
+            component,
+            grants: Default::default(),
+            limits: Limits::default(),
+            concurrency,
+            mode,
+        }
+    }
+
+    /// A source whose API server is never called: these checks run before any write.
+    fn source(store: PolicyStore) -> ConfigMapSource {
+        let uri: http::Uri = "http://127.0.0.1:9".parse().expect("a valid URI");
+        let client = Client::try_from(kube::Config::new(uri)).expect("a client");
+        let loader = PluginLoader::new(Sandbox::new().expect("sandbox"), None);
+        ConfigMapSource::new(
+            client,
+            "plugins".into(),
+            loader,
+            store,
+            Metrics::new(),
+            PackDefaults {
+                limits: Limits::default(),
+                concurrency: 8,
+            },
+        )
+    }
+
+    /// A shadow runs up to SHADOW_RUNS_IN_FLIGHT instances beside its active plugin: loaded
+    /// past what the pool holds, the active plugins' decisions would get `SandboxBusy`
+    /// (review L2). It is refused as an active plugin past the pool is.
+    #[tokio::test]
+    async fn a_shadow_that_would_overfill_the_pool_is_refused() {
+        let store = PolicyStore::new();
+        let source = source(store.clone());
+        let cost = source
+            .compile("probe", &misbehaving_pack(1, Mode::Active))
+            .await
+            .expect("the plugin compiles")
+            .slot_cost();
+        // The pool all but full: one instance short, fewer than a shadow's runs.
+        let full = u16::try_from(INSTANCE_SLOTS / cost - 1).expect("a concurrency");
+        let active = source
+            .load(
+                "configmap plugins/active",
+                misbehaving_pack(full, Mode::Active),
+                None,
+                None,
+            )
+            .await
+            .expect("the active plugin fits the pool");
+        store.insert(active.loaded);
+        let cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("shadow".into()),
+                namespace: Some("plugins".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let refused = source
+            .load_shadow(
+                &cm,
+                "configmap plugins/shadow",
+                misbehaving_pack(8, Mode::Shadow),
+                None,
+            )
+            .await;
+        match refused {
+            Err(error @ RefusalError::PoolFull { .. }) => {
+                assert_eq!(error.reason(), "PluginPoolFull");
+                assert!(
+                    error.to_string().contains("lower data.limits.concurrency"),
+                    "{error}"
+                );
+            }
+            Err(other) => panic!("expected PoolFull, got {other}"),
+            Ok(_) => panic!("the shadow was loaded past the pool"),
+        }
+    }
 
     /// Pure arithmetic: the sizing rule of the instance pool.
     #[test]

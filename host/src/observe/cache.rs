@@ -4,6 +4,9 @@
 //! ([`CachedChild`]), parents as `DynamicObject`s. Of the parents, only this host's shard's are
 //! kept ([`crate::shard`]).
 //!
+//! Both kinds of cache admit only what their bounds allow ([`super::admission`]): a child only
+//! when a parent of the policy's kind controls it, and neither past its objects and bytes.
+//!
 //! The controller and the scale bench both build their caches here, so the bench measures the
 //! caches the host runs with.
 
@@ -15,11 +18,26 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::admission::{Admission, AdmissionView, CacheLimits, LIST_PAGE_SIZE, Refusal};
 use super::child::CachedChild;
 use super::is_controlled_by;
 use super::owner_index::{OwnerIndex, OwnerIndexWriter};
 use crate::contract::KindRef;
+use crate::metrics::Metrics;
 use crate::shard::{AssignedBy, SHARD_LABEL, Shard};
+
+/// What bounds a policy's caches, and where they report.
+#[derive(Clone)]
+pub struct CacheBounds {
+    /// The policy, for the metrics and warnings.
+    pub policy: String,
+    /// Where the caches' sizes and refusals are counted.
+    pub metrics: Metrics,
+    /// The bounds of each child cache.
+    pub children: CacheLimits,
+    /// The bounds of the parent cache.
+    pub parents: CacheLimits,
+}
 
 /// The watch cache of one declared child kind.
 #[derive(Clone)]
@@ -32,6 +50,8 @@ pub struct ChildCache {
     pub store: Store<CachedChild>,
     /// Which of them each controller owns, by the controller's uid.
     pub owners: OwnerIndex,
+    /// What the cache holds against its bounds, and where it refused a child.
+    pub admission: AdmissionView,
 }
 
 /// Fills a [`ChildCache`] from watch events: its store and its owner index, in that order, for
@@ -60,8 +80,15 @@ impl ChildCache {
             resource,
             store: store.as_reader(),
             owners: owners.as_reader(),
+            admission: AdmissionView::default(),
         };
         (cache, ChildCacheWriter { store, owners })
+    }
+
+    /// Whether a child of `namespace` was refused at the cache's bounds: a parent there may be
+    /// missing a child, and is not decided on this view.
+    pub fn incomplete(&self, namespace: Option<&str>) -> bool {
+        self.admission.incomplete(namespace)
     }
 
     /// The cached children `parent` controls, ordered by name: through the owner index, so the
@@ -99,43 +126,94 @@ pub type CachedEvents<K = DynamicObject> = watcher::Result<watcher::Event<K>>;
 pub type CachedChildEvents = CachedEvents<CachedChild>;
 
 /// Watches `api` for the children of one declared kind (`config` carries the policy's label
-/// selector) into a new [`ChildCache`]. Nothing is cached until the stream is polled; the
-/// cache is ready (`store.wait_until_ready`) after its first list.
+/// selector) into a new [`ChildCache`] of a policy reconciling `target`, within
+/// `bounds.children`. Nothing is cached until the stream is polled; the cache is ready
+/// (`store.wait_until_ready`) after its first list.
 pub fn watch_children(
     api: Api<CachedChild>,
     kind: KindRef,
     resource: ApiResource,
     config: watcher::Config,
+    target: &KindRef,
+    bounds: &CacheBounds,
 ) -> (
     ChildCache,
     impl Stream<Item = CachedChildEvents> + Send + 'static,
 ) {
-    let (cache, mut writer) = ChildCache::new(kind, resource);
-    let stream = watcher(api, config)
+    let (mut cache, mut writer) = ChildCache::new(kind.clone(), resource);
+    let mut admission = Admission::children(bounds.children, target);
+    cache.admission = admission.view();
+    let (policy, metrics, limits) = (
+        bounds.policy.clone(),
+        bounds.metrics.clone(),
+        bounds.children,
+    );
+    let name = kind.to_string();
+    let stream = watcher(api, config.page_size(LIST_PAGE_SIZE))
         .default_backoff()
+        .try_filter_map(move |event| {
+            let (event, refusal) = admission.admit(event);
+            if refusal == Some(Refusal::NotControlled) {
+                metrics.cache_ignored(&policy, &name);
+            }
+            if refusal == Some(Refusal::Full) {
+                metrics.bound_reached(
+                    "child_cache",
+                    &format!(
+                        "the {name} cache of policy `{policy}` holds {limits:?}; a child past that was not cached, and the parents of its namespace are not decided until it fits: find who creates objects labelled policy-host.io/policy={policy} (`kubectl get {} -A -l policy-host.io/policy={policy}`) and remove them, or raise the bound",
+                        name.split('.').next().unwrap_or_default()
+                    ),
+                );
+            }
+            let (objects, bytes) = admission.view().held();
+            metrics.cache_held(&policy, &name, objects, bytes);
+            std::future::ready(Ok(event))
+        })
         .modify(|child: &mut CachedChild| drop_managed_fields(child))
         .inspect_ok(move |event| writer.apply_watcher_event(event));
     (cache, stream)
 }
 
 /// Watches `api` for the parents into a new store, as [`watch_children`] does for children,
-/// keeping only the parents `shard` owns: the store, and the applied objects the controller
-/// turns into reconciles, never hold another shard's parent.
+/// keeping only the parents `shard` owns (the store, and the applied objects the controller
+/// turns into reconciles, never hold another shard's parent), within `bounds.parents`.
 pub fn watch_parents(
     api: Api<DynamicObject>,
     resource: ApiResource,
     config: watcher::Config,
     shard: Shard,
+    bounds: &CacheBounds,
 ) -> (
     Store<DynamicObject>,
     impl Stream<Item = CachedEvents> + Send + 'static,
 ) {
-    let writer = reflector::store::Writer::new(resource);
+    let writer = reflector::store::Writer::new(resource.clone());
     let store = writer.as_reader();
-    let stream = watcher(api, config)
+    let mut admission = Admission::parents(bounds.parents);
+    let (policy, metrics, limits) = (
+        bounds.policy.clone(),
+        bounds.metrics.clone(),
+        bounds.parents,
+    );
+    let stream = watcher(api, config.page_size(LIST_PAGE_SIZE))
         .default_backoff()
         .modify(|parent: &mut DynamicObject| drop_managed_fields(parent))
         .try_filter_map(move |event| std::future::ready(Ok(keep_shard(event, &shard))))
+        .try_filter_map(move |event| {
+            let (event, refusal) = admission.admit(event);
+            if refusal.is_some() {
+                metrics.bound_reached(
+                    "parent_cache",
+                    &format!(
+                        "the parent cache of policy `{policy}` holds {limits:?}; a {} past that is not reconciled: limit who creates them (a ResourceQuota on count/{}.{}), split them among shards, or raise the bound",
+                        resource.kind, resource.plural, resource.group
+                    ),
+                );
+            }
+            let (objects, bytes) = admission.view().held();
+            metrics.cache_held(&policy, "parents", objects, bytes);
+            std::future::ready(Ok(event))
+        })
         .reflect(writer);
     (store, stream)
 }

@@ -59,7 +59,7 @@ use serde_json::{Value, json};
 use guest_etcd::children::{self, ClusterRef, ClusterState, MemberPod};
 use guest_etcd::etcd_api::{MEMBER_LIST_PATH, MOVE_LEADER_PATH, STATUS_PATH};
 use guest_etcd::spec::EtcdClusterSpec;
-use policy_host::act::{Executor, FIELD_MANAGER, POLICY_LABEL, api_resource};
+use policy_host::act::{Carried, Executor, FIELD_MANAGER, POLICY_LABEL, api_resource};
 use policy_host::capability::replay::AppCallScript;
 use policy_host::capability::scope::AppCallScope;
 use policy_host::contract::{Action, Decision, app_call};
@@ -67,7 +67,9 @@ use policy_host::decide::{Limits, Plugin, Sandbox};
 use policy_host::load::PluginLoader;
 use policy_host::load::artifact_cache::ArtifactCache;
 use policy_host::load::pack::sha256_hex;
-use policy_host::observe::cache::{watch_children, watch_parents};
+use policy_host::metrics::Metrics;
+use policy_host::observe::admission::CacheLimits;
+use policy_host::observe::cache::{CacheBounds, watch_children, watch_parents};
 use policy_host::observe::{CachedChild, ChildCache, Observed, is_controlled_by, observe};
 use policy_host::shard::Shard;
 
@@ -269,8 +271,20 @@ impl HostCaches {
         let parent_resource = api_resource(&info.target);
         let api =
             Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &parent_resource);
-        let (parents, stream) =
-            watch_parents(api, parent_resource, watcher::Config::default(), shard);
+        // Unbounded: the 10,000-cluster step holds 30,000 Pods, past a cache's default bound.
+        let bounds = CacheBounds {
+            policy: info.name.clone(),
+            metrics: Metrics::new(),
+            children: CacheLimits::UNBOUNDED,
+            parents: CacheLimits::UNBOUNDED,
+        };
+        let (parents, stream) = watch_parents(
+            api,
+            parent_resource,
+            watcher::Config::default(),
+            shard,
+            &bounds,
+        );
         tasks.push(tokio::spawn(stream.for_each(|_| async {})));
         let mut caches = Vec::new();
         for kind in &info.children {
@@ -278,7 +292,8 @@ impl HostCaches {
             let api = Api::<CachedChild>::namespaced_with(client.clone(), namespace, &resource);
             let config =
                 watcher::Config::default().labels(&format!("{POLICY_LABEL}={}", info.name));
-            let (cache, stream) = watch_children(api, kind.clone(), resource, config);
+            let (cache, stream) =
+                watch_children(api, kind.clone(), resource, config, &info.target, &bounds);
             tasks.push(tokio::spawn(stream.for_each(|_| async {})));
             caches.push(cache);
         }
@@ -520,7 +535,12 @@ async fn bench() -> Result<()> {
                     let script = host.script(parent);
                     let (observed, decision, _, _) = host.decide(parent, &script).await?;
                     executor
-                        .apply_decision(parent, &observed, decision.actions)
+                        .apply_decision(
+                            parent,
+                            &observed,
+                            decision.actions,
+                            &mut Carried::default(),
+                        )
                         .await?;
                     anyhow::Ok(())
                 }

@@ -8,6 +8,10 @@
 //!
 //! The plugin builds in `target/template-test` beside the template test's, so the SDK's
 //! dependencies are compiled there once.
+//!
+//! With the same rights, a plugin unloaded while its bundle stays leaves no parent stranded:
+//! its finalizer is released after the grace (review M1). The two tests share the host
+//! namespace's plugin ConfigMaps, so they run one after the other.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -95,9 +99,13 @@ async fn service_account_client(env: &TestEnv) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// Held for the whole of each test: both load plugins from [`HOST_NAMESPACE`].
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_rights()
 -> anyhow::Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
     init_logging();
     let env = shared_node().await?;
     let admin = env.client().await?;
@@ -205,6 +213,157 @@ async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_righ
         made.data.is_some_and(|d| d.contains_key("greeting")),
         "the plugin's ConfigMap carries the greeting"
     );
+    host.stop().await;
+    Ok(())
+}
+
+/// Waits until the host's ClusterRole carries the rules of a bundle for `resource`.
+async fn aggregated(admin: &Client, resource: &str) -> anyhow::Result<()> {
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    wait_for(
+        "the host's ClusterRole aggregates the bundle's",
+        WAIT,
+        || {
+            let roles = roles.clone();
+            async move {
+                let role = roles.get("policy-host").await.ok()?;
+                role.rules?
+                    .iter()
+                    .any(|r| {
+                        r.resources
+                            .as_ref()
+                            .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A plugin that sets finalizers is unloaded (its ConfigMap deleted, the rest of its bundle
+/// kept, as the README says) and one of its parents is then deleted: the host, with only its
+/// ServiceAccount's rights, releases the finalizer after the grace, with its Warning Event.
+/// The release used to read the parent first, a `get` no bundle grants; the 403 was dropped
+/// without a word and the parent stayed Terminating (review M1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unloaded_plugins_finalizer_is_released_with_only_the_bundles_rights()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+    use policy_host_e2e::{probe_crd, probes};
+
+    let _one = ONE_AT_A_TIME.lock().await;
+    init_logging();
+    let env = shared_node().await?;
+    let admin = env.client().await?;
+    kubectl(env, &["apply", "-f", "deploy/rbac.yaml"])?;
+
+    // The misbehaving test plugin (it sets a finalizer) bundled with the Probe CRD.
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let work = tempfile::tempdir()?;
+    let crd_file = work.path().join("probe-crd.yaml");
+    std::fs::write(&crd_file, serde_yaml::to_string(&probe_crd()?)?)?;
+    let bundle = plugin_cli::pack(
+        &plugin,
+        &PackRequest {
+            name: Some("plugin-probe".into()),
+            bundle_crds: vec![crd_file],
+            ..PackRequest::default()
+        },
+        &plugin_cli::host_defaults(),
+    )
+    .await?;
+    let bundle_file = work.path().join("probe.yaml");
+    std::fs::write(&bundle_file, &bundle)?;
+    kubectl(
+        env,
+        &[
+            "-n",
+            HOST_NAMESPACE,
+            "apply",
+            "--server-side",
+            "-f",
+            &bundle_file.display().to_string(),
+        ],
+    )?;
+    kubectl(
+        env,
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "crd/probes.test.policy-host.io",
+        ],
+    )?;
+    aggregated(&admin, "probes").await?;
+
+    let namespace = env.create_namespace("orphan-rbac").await?;
+    let mut settings = Settings {
+        plugin_namespace: Some(HOST_NAMESPACE.into()),
+        ..HostUnderTest::settings(&namespace, Limits::default())?
+    };
+    settings.controller.finalizer_grace = Duration::from_secs(2);
+    let host =
+        HostUnderTest::start_with_client(service_account_client(env).await?, settings).await?;
+
+    let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &namespace, &probes());
+    let probe = serde_json::json!({
+        "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+        "metadata": { "name": "orphan" }, "spec": { "behaviour": "ok" }
+    });
+    api.patch(
+        "orphan",
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&probe),
+    )
+    .await?;
+    wait_for("the plugin's finalizer on `orphan`", WAIT, || async {
+        let object = api.get_opt("orphan").await.ok().flatten()?;
+        object
+            .metadata
+            .finalizers?
+            .contains(&"policy-host.io/misbehaving".to_string())
+            .then_some(())
+    })
+    .await?;
+
+    // Unloaded: its ConfigMap goes, its ClusterRole and CRD stay.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), HOST_NAMESPACE);
+    config_maps
+        .delete("plugin-probe", &DeleteParams::default())
+        .await?;
+    let store = host.running.store.clone();
+    wait_for("the plugin unloaded", WAIT, || async {
+        store.get("misbehaving").is_none().then_some(())
+    })
+    .await?;
+
+    api.delete("orphan", &DeleteParams::default()).await?;
+    wait_for("`orphan` released and gone", WAIT, || async {
+        api.get_opt("orphan")
+            .await
+            .ok()
+            .and_then(|o| o.is_none().then_some(()))
+    })
+    .await?;
+    let events: Api<Event> = Api::namespaced(admin.clone(), &namespace);
+    let released = wait_for("a FinalizerReleased event on `orphan`", WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("FinalizerReleased")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("orphan")
+            })
+    })
+    .await?;
+    assert_eq!(released.type_.as_deref(), Some("Warning"));
     host.stop().await;
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! installed cluster-wide) stays a binary of its own in `tests/e2e/tests/`: `finalizer_crd`,
 //! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run.)
 
+mod bounded_caches;
 mod controller_safety;
 mod etcd_backup;
 mod etcd_backup_restore;

@@ -17,7 +17,7 @@ use kube::api::{
 use kube::core::GroupVersionKind;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use policy_host::act::{ActError, Executor};
+use policy_host::act::{ActError, Carried, Executor};
 use policy_host::contract::{Action, KindRef, ObjectRef, PolicyInfo};
 use policy_host::decide::Limits;
 use policy_host::observe::{CachedChild, ChildCache, Observed, observe};
@@ -357,9 +357,8 @@ impl Stage {
 
     async fn act(&self, observed: &Observed, actions: Vec<Action>) -> Result<(), ActError> {
         self.executor
-            .apply_decision(&self.parent, observed, actions)
+            .apply_decision(&self.parent, observed, actions, &mut Carried::default())
             .await
-            .map(|_| ())
     }
 }
 

@@ -8,6 +8,9 @@
 //! Which host wrote for which parent is read from each host's own API requests: a layer on its
 //! kube client records the method and path of every request that is not a read. A write for a
 //! parent is one to the parent itself (its finalizer), its status, or its `<parent>-out`.
+//!
+//! A parent moved while its old shard decides (an app-call held open by a fake pod the test
+//! serves) gets no write from the old shard: its decision is not carried out.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -398,5 +401,189 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
             )
             .await;
     }
+    Ok(())
+}
+
+/// The value of a series of an in-process host's metrics (0 when absent).
+fn metric(running: &policy_host::Running, series: &str) -> u64 {
+    running
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0, |v| v as u64)
+}
+
+/// A Node no kubelet runs: the fake pod bound to it is left alone (the test kubelet runs only
+/// pods of its own node).
+const IDLE_NODE: &str = "sharding-idle-node";
+
+/// A parent whose label moves it to another shard while the old shard's plugin is still
+/// deciding (its app-call held open) gets nothing written by the old shard: the old shard
+/// checks that the parent is still its own before the act stage (review L6). Before, the old
+/// shard's status write went out beside the new shard's decision (refused only by its
+/// resourceVersion; a child apply would have gone through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_moved_while_its_old_shard_decides_gets_no_write_from_the_old_shard()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::PostParams;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    init_logging();
+    let env = shared_node().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("shard-move").await?;
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    if nodes.get_opt(IDLE_NODE).await?.is_none() {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": { "name": IDLE_NODE },
+        }))?;
+        // Another run may have created it meanwhile.
+        let _ = nodes.create(&PostParams::default(), &node).await;
+    }
+
+    // The parent's pod `own-0`, served here: each call is held until the test lets it go.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let (accepted_tx, mut accepted) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (release_tx, release) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let _ = accepted_tx.send(());
+            let mut release = release.clone();
+            tokio::spawn(async move {
+                // The request's head (a GET has no body), then the answer once let go.
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => head.extend_from_slice(&buffer[..read]),
+                    }
+                }
+                let _ = release.wait_for(|go| *go).await;
+                let _ = socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+
+    let a0 = start(env, &namespace, "move-shard0", 0, &plugin).await?;
+    let a1 = start(env, &namespace, "move-shard1", 1, &plugin).await?;
+    wait_leading(&a0, WAIT).await?;
+    wait_leading(&a1, WAIT).await?;
+    let probes_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &probes());
+    let object = json!({
+        "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+        "metadata": { "name": "mover", "labels": { SHARD_LABEL: "0" } },
+        "spec": { "behaviour": "call-own" }
+    });
+    probes_api
+        .patch(
+            "mover",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&object),
+        )
+        .await?;
+    // Decided once without its pod (the call finds none), by shard 0.
+    eventually("`mover` decided by shard 0", WAIT, || async {
+        let probe = probes_api.get("mover").await.map_err(|e| e.to_string())?;
+        probe.data["status"]["appCall"]
+            .as_str()
+            .map(|_| ())
+            .ok_or_else(|| "no status yet".to_string())
+    })
+    .await?;
+    let uid = probes_api
+        .get("mover")
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "own-0",
+            "labels": { "policy-host.io/policy": "misbehaving" },
+            "ownerReferences": [{ "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                "name": "mover", "uid": uid, "controller": true }],
+        },
+        "spec": { "nodeName": IDLE_NODE, "containers": [{ "name": "app", "image": "pause",
+            "ports": [{ "name": "http", "containerPort": port }] }] },
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    pods.patch_status(
+        "own-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "phase": "Running", "podIP": "127.0.0.1" } })),
+    )
+    .await?;
+
+    // Shard 0 decides again with its pod, and its call is held here.
+    tokio::time::timeout(WAIT, accepted.recv())
+        .await
+        .map_err(|_| anyhow::anyhow!("shard 0 never called `own-0`"))?;
+    let since = a0.writes.len();
+    let moved = json!({ "metadata": { "labels": { SHARD_LABEL: "1" } } });
+    probes_api
+        .patch("mover", &PatchParams::default(), &Patch::Merge(&moved))
+        .await?;
+    let parents_held = "policy_host_cache_objects{policy=\"misbehaving\",cache=\"parents\"}";
+    eventually("shard 0 let go of `mover`", WAIT, || async {
+        (metric(&a0.host.running, parents_held) == 0)
+            .then_some(())
+            .ok_or_else(|| "still cached".to_string())
+    })
+    .await?;
+    release_tx.send_replace(true);
+
+    // Shard 0's reconcile ends one way or the other; shard 1 decides.
+    let abandoned = "policy_host_reconciles_abandoned_total{policy=\"misbehaving\"}";
+    let stale = "policy_host_reconcile_errors_total{policy=\"misbehaving\",reason=\"StaleView\"}";
+    eventually("shard 0's held reconcile ended", WAIT, || async {
+        (metric(&a0.host.running, abandoned) + metric(&a0.host.running, stale) > 0)
+            .then_some(())
+            .ok_or_else(|| "still deciding".to_string())
+    })
+    .await?;
+    eventually("`mover` decided by shard 1 with its pod", WAIT, || async {
+        let probe = probes_api.get("mover").await.map_err(|e| e.to_string())?;
+        (probe.data["status"]["appCall"] == "answered 200")
+            .then_some(())
+            .ok_or_else(|| format!("status {}", probe.data["status"]))
+    })
+    .await?;
+    assert_eq!(
+        a0.writes.for_parent_since("mover", since),
+        0,
+        "shard 0 wrote for `mover` after it moved to shard 1"
+    );
+    assert_eq!(metric(&a0.host.running, abandoned), 1);
+
+    a0.host.stop().await;
+    a1.host.stop().await;
+    server.abort();
+    let _ = probes_api
+        .patch(
+            "mover",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
+        )
+        .await;
     Ok(())
 }
