@@ -17,8 +17,9 @@
 //! - [`act`] — the decision becomes server-side applies, deletes, status and Events;
 //! - [`shadow`] — a candidate plugin decides beside the active one, compared, never acted on.
 //!
-//! Of several replicas, only the one that holds the [`leader`] Lease runs controllers; several
-//! host deployments can split the parents among them as [`shard`]s, each with its own Lease;
+//! Of several replicas, only the one that holds the [`leader`] Lease runs controllers, and it
+//! hands the Lease over only once what it started can no longer write; several host
+//! deployments can split the parents among them as [`shard`]s, each with its own Lease;
 //! [`orphans`] releases the finalizers of plugins that are gone. Around them: [`admin`]
 //! (health, readiness, metrics), [`metrics`], [`telemetry`], and [`plugin_cli`] (`pack`,
 //! `validate`, `simulate` for plugin authors).

@@ -1,18 +1,24 @@
 //! One replica of the host, from start to exit: load the plugin files, serve the admin
 //! endpoint, stand by until this replica holds the Lease, lead (the controller supervisor, the
-//! plugin ConfigMap watch, the load status), and on shutdown drain and release the Lease.
+//! plugin ConfigMap watch, the load status), and on shutdown hand over.
+//!
+//! A rollout is a handover, not an overlap: the leader keeps renewing its Lease while it
+//! drains (the reconciles in flight finish and write), releases it only once nothing it
+//! started can write any more, and stops at once, abandoning the drain, if it loses the Lease
+//! meanwhile. So the standby's first write comes after the old leader's last.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use kube::Client;
+use tokio::task::JoinSet;
 
 use crate::admin::{self, Health};
 use crate::capability;
 use crate::controller::ControllerOptions;
 use crate::decide::{Limits, Sandbox};
-use crate::leader::{Leadership, LeaseElector, LeaseSettings, LostLease};
+use crate::leader::{Leadership, LeaseElector, LeaseSettings};
 use crate::load::artifact_cache::ArtifactCache;
 use crate::load::config_maps::ConfigMapSource;
 use crate::load::pack::PackDefaults;
@@ -58,6 +64,9 @@ pub struct Running {
     pub leadership: Leadership,
 }
 
+/// A future every part of the host can wait on: the shutdown signal, or the leader's stop.
+type Signal = Shared<BoxFuture<'static, ()>>;
+
 /// Loads the policies and runs their controllers until `shutdown` resolves.
 ///
 /// Plugin files load before anything else (a bad file fails the start); plugin ConfigMaps are
@@ -66,16 +75,17 @@ pub struct Running {
 /// are loaded and the admin endpoint serves.
 ///
 /// With leader election, the replica waits for the Lease before it watches plugin ConfigMaps
-/// or starts a controller; on `shutdown` it stops taking reconciles, lets those in flight
-/// finish (bounded by the supervisor's grace), releases the Lease and returns. A leader that
-/// loses the Lease returns [`HostError::LeadershipLost`] at once, aborting its tasks.
+/// or starts a controller; on `shutdown` it stops taking reconciles and lets those in flight
+/// finish (bounded by the supervisor's grace) while it goes on renewing the Lease, then
+/// releases it and returns. A leader that loses the Lease, leading or draining, returns
+/// [`HostError::LeadershipLost`] at once, aborting its tasks.
 pub async fn run(
     client: Client,
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(&Running),
 ) -> Result<(), HostError> {
-    let shutdown: Shared<BoxFuture<'static, ()>> = shutdown.boxed().shared();
+    let shutdown: Signal = shutdown.boxed().shared();
     // Built once here so that a host that cannot speak to its pods says so at start, not at
     // its first app-call.
     capability::http::http_client()?;
@@ -111,7 +121,7 @@ pub async fn run(
     let metrics = Metrics::new();
     let health = Health::default();
     let mut admin_addr = None;
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     if let Some(addr) = settings.admin_addr {
         let (bound, server) = admin::serve(addr, metrics.clone(), health.clone(), store.clone())
             .await
@@ -134,7 +144,7 @@ pub async fn run(
     if shard.count() > 1 {
         tracing::info!(%shard, "reconciling only this shard's parents");
     }
-    let (mut elector, leadership) = match settings.leader_election.clone() {
+    let (elector, leadership) = match settings.leader_election.clone() {
         Some(mut lease) => {
             lease.name = shard.lease_name(&lease.name);
             let (elector, leadership) = LeaseElector::new(client.clone(), lease);
@@ -149,21 +159,51 @@ pub async fn run(
         admin_addr,
         leadership,
     });
-    if let Some(elector) = elector.as_mut() {
-        tokio::select! {
-            () = elector.acquire() => {}
-            () = shutdown.clone() => {
-                while tasks.join_next().await.is_some() {}
-                return Ok(());
-            }
+    let Some(mut elector) = elector else {
+        lead(
+            client, settings, loader, store, metrics, health, tasks, shutdown,
+        )
+        .await;
+        return Ok(());
+    };
+    tokio::select! {
+        () = elector.acquire() => {}
+        () = shutdown.clone() => {
+            while tasks.join_next().await.is_some() {}
+            return Ok(());
         }
-        health.standby(false);
     }
+    health.standby(false);
+    // One renewal loop for the whole leadership, drain included. Losing the Lease drops
+    // `lead` where it stands: its tasks are aborted with their JoinSet (the supervisor aborts
+    // its controllers as it drops), since another replica may lead within the lease duration.
+    let led = lead(
+        client, settings, loader, store, metrics, health, tasks, shutdown,
+    );
+    if let Err(lost) = elector.while_holding(led).await {
+        return Err(HostError::LeadershipLost(lost));
+    }
+    if let Err(error) = elector.release().await {
+        tracing::warn!(%error, "could not release the Lease; a standby takes over when it expires");
+    }
+    Ok(())
+}
 
-    // Leading: everything that writes starts now. `stop` ends it on shutdown; a lost Lease
-    // ends it harder (below).
+/// Leads until `shutdown`, then drains: everything that writes starts here, and it returns
+/// once every task has finished.
+#[allow(clippy::too_many_arguments)]
+async fn lead(
+    client: Client,
+    settings: Settings,
+    loader: PluginLoader,
+    store: PolicyStore,
+    metrics: Metrics,
+    health: Health,
+    mut tasks: JoinSet<&'static str>,
+    shutdown: Signal,
+) {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let stop: Shared<BoxFuture<'static, ()>> = async move {
+    let stop: Signal = async move {
         let _ = stop_rx.await;
     }
     .boxed()
@@ -183,9 +223,9 @@ pub async fn run(
         let source = ConfigMapSource::new(
             client.clone(),
             namespace.clone(),
-            loader.clone(),
+            loader,
             store.clone(),
-            metrics.clone(),
+            metrics,
             PackDefaults {
                 limits: settings.limits.clone(),
                 concurrency: settings.controller.concurrency,
@@ -206,7 +246,7 @@ pub async fn run(
                 .map(|()| "the plugin ConfigMap watch"),
         );
         tasks.spawn(
-            load::status::publish(client.clone(), namespace, store.clone(), stop.clone())
+            load::status::publish(client, namespace, store, stop.clone())
                 .map(|()| "the load status publisher"),
         );
     } else {
@@ -214,21 +254,14 @@ pub async fn run(
     }
     // A task that ends before shutdown (or panics) leaves the host without a part it needs:
     // `/healthz` fails so that the kubelet restarts the host (review #20).
-    let mut stopping = shutdown.clone();
-    let lost: Option<LostLease> = loop {
-        let hold = async {
-            match elector.as_mut() {
-                Some(elector) => elector.hold().await,
-                None => std::future::pending().await,
-            }
-        };
+    let mut stopping = shutdown;
+    loop {
         tokio::select! {
-            () = &mut stopping => break None,
-            lost = hold => break Some(lost),
+            () = &mut stopping => break,
             ended = tasks.join_next() => match ended {
                 None => {
                     (&mut stopping).await;
-                    break None;
+                    break;
                 }
                 Some(Ok(task)) => {
                     tracing::error!(task, "a host task ended before shutdown; /healthz now fails");
@@ -240,20 +273,8 @@ pub async fn run(
                 }
             },
         }
-    };
-    if let Some(lost) = lost {
-        // Not a graceful stop: another replica may lead within the lease duration, so every
-        // task is aborted now (the supervisor aborts its controllers as it drops).
-        tasks.abort_all();
-        return Err(HostError::LeadershipLost(lost));
     }
     tracing::info!("shutting down: no new reconciles; finishing those in flight");
     let _ = stop_tx.send(());
     while tasks.join_next().await.is_some() {}
-    if let Some(elector) = elector.as_mut()
-        && let Err(error) = elector.release().await
-    {
-        tracing::warn!(%error, "could not release the Lease; a standby takes over when it expires");
-    }
-    Ok(())
 }
