@@ -222,6 +222,74 @@ async fn the_chart_with_every_option_set_is_accepted_by_the_api_server() -> anyh
     Ok(())
 }
 
+/// Review L7: with leader election off every replica leads, so the chart runs one, whatever
+/// `replicas` says.
+#[test]
+fn the_chart_without_leader_election_renders_one_replica() -> anyhow::Result<()> {
+    init_logging();
+    let helm = helm()?;
+    for extra in [
+        &["--set", "leaderElection.enabled=false"][..],
+        &[
+            "--set",
+            "leaderElection.enabled=false",
+            "--set",
+            "replicas=3",
+        ][..],
+    ] {
+        let objects = helm_template(&helm, extra)?;
+        let deployment = find(&objects, "Deployment", "policy-host").expect("the Deployment");
+        assert_eq!(
+            deployment["spec"]["replicas"].as_u64(),
+            Some(1),
+            "{extra:?}: two hosts would lead"
+        );
+        assert!(
+            find(&objects, "PodDisruptionBudget", "policy-host").is_none(),
+            "{extra:?}: a budget for one replica only blocks drains"
+        );
+    }
+    Ok(())
+}
+
+/// Review L7 and issue 24: the leader and its standby are kept apart (a spread over nodes) and
+/// never both evicted at once (a budget), in the chart and in deploy/ alike (the defaults test
+/// keeps them equal).
+#[test]
+fn the_host_replicas_have_a_disruption_budget_and_a_spread_over_nodes() -> anyhow::Result<()> {
+    init_logging();
+    let objects = helm_template(&helm()?, &[])?;
+    let selector = serde_yaml::to_value(serde_json::json!({
+        "matchLabels": { "app.kubernetes.io/name": "policy-host" }
+    }))?;
+    let budget =
+        find(&objects, "PodDisruptionBudget", "policy-host").expect("a PodDisruptionBudget");
+    assert_eq!(
+        budget["metadata"]["namespace"].as_str(),
+        Some("policy-host")
+    );
+    assert_eq!(budget["spec"]["selector"], selector);
+    assert_eq!(
+        budget["spec"]["maxUnavailable"].as_u64(),
+        Some(1),
+        "one host at a time: the other leads or takes over"
+    );
+    let deployment = find(&objects, "Deployment", "policy-host").expect("the Deployment");
+    assert_eq!(deployment["spec"]["replicas"].as_u64(), Some(2));
+    let spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        .as_sequence()
+        .expect("a topology spread constraint");
+    assert!(
+        spread.iter().any(|c| {
+            c["topologyKey"].as_str() == Some("kubernetes.io/hostname")
+                && c["maxSkew"].as_u64() == Some(1)
+                && c["labelSelector"] == selector
+        }),
+        "the replicas spread over nodes: {spread:?}"
+    );
+    Ok(())
+}
+
 /// An object the rendered host reads the keys it trusts from: changing it changes what loads.
 #[derive(Debug)]
 struct TrustAnchor {
