@@ -49,7 +49,7 @@ pub struct LeaseSettings {
     pub renew_deadline: Duration,
     /// How often the leader renews.
     pub renew_every: Duration,
-    /// How often a standby looks at the Lease.
+    /// How often a standby looks at the Lease, and a leader retries a renewal that failed.
     pub retry_every: Duration,
 }
 
@@ -135,6 +135,12 @@ pub struct LeaseElector {
     settings: LeaseSettings,
     /// The Lease's last seen resourceVersion and when this replica first saw it.
     observed: Option<(String, Instant)>,
+    /// When the last write that kept the Lease this replica's was *sent*: the renew deadline
+    /// counts from here. Any standby's clock starts later (it sees the write once applied), so
+    /// a leader that gives up at this plus the renew deadline has stopped before a standby may
+    /// take over. Kept here, not in one call of [`LeaseElector::hold`], so that the deadline
+    /// survives `hold` being called anew.
+    renewed: Instant,
     leading: watch::Sender<bool>,
 }
 
@@ -146,6 +152,7 @@ impl LeaseElector {
             api: Api::namespaced(client, &settings.namespace),
             settings,
             observed: None,
+            renewed: Instant::now(),
             leading,
         };
         (elector, Leadership(receiver))
@@ -161,8 +168,10 @@ impl LeaseElector {
     pub async fn acquire(&mut self) {
         let mut last_error: Option<String> = None;
         loop {
+            let sent = Instant::now();
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Holding) => {
+                    self.renewed = sent;
                     tracing::info!(
                         identity = %self.settings.identity,
                         lease = %format!("{}/{}", self.settings.namespace, self.settings.name),
@@ -186,26 +195,46 @@ impl LeaseElector {
         }
     }
 
-    /// Renews the Lease until leadership is lost, and says why. Each renewal must succeed
-    /// within what is left of the renew deadline since the last one.
+    /// Renews the Lease until leadership is lost, and says why. Leadership is lost once no
+    /// renewal succeeded within the renew deadline of the last one (counted from when that one
+    /// was sent), even if this is called anew meanwhile.
     pub async fn hold(&mut self) -> LostLease {
-        let mut renewed = Instant::now();
+        let mut next = self.renewed + self.settings.renew_every;
         loop {
-            tokio::time::sleep(self.settings.renew_every).await;
-            let deadline = renewed + self.settings.renew_deadline;
+            let deadline = self.renewed + self.settings.renew_deadline;
+            tokio::time::sleep_until(next.min(deadline)).await;
+            if Instant::now() >= deadline {
+                return self.lost(LostLease::NotRenewed(self.settings.renew_deadline));
+            }
+            let sent = Instant::now();
             match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
-                Ok(Ok(Attempt::Holding)) => renewed = Instant::now(),
+                Ok(Ok(Attempt::Holding)) => {
+                    self.renewed = sent;
+                    next = sent + self.settings.renew_every;
+                }
                 Ok(Ok(Attempt::HeldBy(holder))) => {
                     return self.lost(LostLease::TakenBy(holder));
                 }
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "leader: renewing the Lease failed; retrying");
-                    if Instant::now() >= deadline {
-                        return self.lost(LostLease::NotRenewed(self.settings.renew_deadline));
-                    }
+                    next = Instant::now() + self.settings.retry_every;
                 }
                 Err(_) => return self.lost(LostLease::NotRenewed(self.settings.renew_deadline)),
             }
+        }
+    }
+
+    /// Runs `work` while renewing the Lease, and returns what it returns. If the Lease is lost
+    /// first, `work` is dropped where it stands, so that nothing it would still do is done
+    /// beside the next leader, and the loss is returned. The Lease stays held after `work`:
+    /// releasing it is the caller's next step.
+    pub async fn while_holding<F: std::future::Future>(
+        &mut self,
+        work: F,
+    ) -> Result<F::Output, LostLease> {
+        tokio::select! {
+            output = work => Ok(output),
+            lost = self.hold() => Err(lost),
         }
     }
 
@@ -361,4 +390,265 @@ pub fn default_identity() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| "policy-host".into());
     format!("{base}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The elector against an in-memory Lease API server whose answers a test can slow down or
+    //! stop, under a real kube `Client`. The lease is scaled down (a 2 s lease renewed every
+    //! 200 ms, given up after 1.4 s) so that each test runs in seconds of real time; the
+    //! margins between what the tests tell apart are hundreds of milliseconds.
+
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use kube::client::Body;
+
+    use super::*;
+
+    /// How the fake API server answers.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Answers {
+        /// At once.
+        AtOnce,
+        /// Reads at once; the next write is applied when it arrives but answered only after
+        /// this long, and from then on nothing is answered (the API server went away).
+        OneSlowWriteThenSilence(Duration),
+        /// Never: requests hang.
+        Silence,
+    }
+
+    struct Server {
+        lease: Option<Lease>,
+        version: u64,
+        answers: Answers,
+        /// When each write was applied (what a standby's clock starts from).
+        applied: Vec<Instant>,
+    }
+
+    /// An API server holding one Lease: `GET`, `POST` (create) and `PUT` (replace, refused
+    /// with 409 on a stale `resourceVersion`), as the real one answers them.
+    #[derive(Clone)]
+    struct FakeLeases(Arc<Mutex<Server>>);
+
+    impl FakeLeases {
+        fn new() -> Self {
+            Self(Arc::new(Mutex::new(Server {
+                lease: None,
+                version: 0,
+                answers: Answers::AtOnce,
+                applied: Vec::new(),
+            })))
+        }
+
+        fn server(&self) -> std::sync::MutexGuard<'_, Server> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        fn answer(&self, answers: Answers) {
+            self.server().answers = answers;
+        }
+
+        fn last_applied(&self) -> Instant {
+            *self.server().applied.last().expect("a write was applied")
+        }
+
+        fn holder(&self) -> Option<String> {
+            self.server()
+                .lease
+                .as_ref()
+                .and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+        }
+
+        /// Another replica writes the Lease as its own (it took it over).
+        fn taken_over_by(&self, holder: &str) {
+            let mut server = self.server();
+            server.version += 1;
+            let version = server.version.to_string();
+            let lease = server.lease.as_mut().expect("a Lease to take over");
+            lease.metadata.resource_version = Some(version);
+            lease
+                .spec
+                .get_or_insert_with(LeaseSpec::default)
+                .holder_identity = Some(holder.to_owned());
+        }
+
+        fn elector(&self, identity: &str) -> LeaseElector {
+            let settings = LeaseSettings {
+                lease_duration: Duration::from_secs(2),
+                renew_deadline: Duration::from_millis(1400),
+                renew_every: Duration::from_millis(200),
+                retry_every: Duration::from_millis(100),
+                ..LeaseSettings::new("ns", "lease", identity)
+            };
+            LeaseElector::new(Client::new(self.clone(), "ns"), settings).0
+        }
+
+        /// Applies one request; the status and body to answer, and how long to wait first
+        /// (`None`: never).
+        fn apply(&self, method: &http::Method, body: &[u8]) -> (u16, String, Option<Duration>) {
+            let mut server = self.server();
+            let delay = match (server.answers, method == http::Method::GET) {
+                (Answers::AtOnce, _) | (Answers::OneSlowWriteThenSilence(_), true) => {
+                    Some(Duration::ZERO)
+                }
+                (Answers::OneSlowWriteThenSilence(slow), false) => {
+                    server.answers = Answers::Silence;
+                    Some(slow)
+                }
+                (Answers::Silence, _) => return (504, String::new(), None),
+            };
+            let status = |code: u16, reason: &str| {
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "reason": reason, "code": code, "message": reason})
+                .to_string()
+            };
+            let (code, text) = match (method.as_str(), server.lease.clone()) {
+                ("GET", Some(lease)) => (200, serde_json::to_string(&lease).expect("a Lease")),
+                ("GET", None) => (404, status(404, "NotFound")),
+                ("POST", Some(_)) => (409, status(409, "AlreadyExists")),
+                ("POST" | "PUT", current) => {
+                    let mut written: Lease = serde_json::from_slice(body).expect("a Lease");
+                    let stale = current.as_ref().is_some_and(|c| {
+                        c.metadata.resource_version != written.metadata.resource_version
+                    });
+                    if stale || (current.is_none() && method == http::Method::PUT) {
+                        (409, status(409, "Conflict"))
+                    } else {
+                        server.version += 1;
+                        written.metadata.resource_version = Some(server.version.to_string());
+                        server.applied.push(Instant::now());
+                        let text = serde_json::to_string(&written).expect("a Lease");
+                        server.lease = Some(written);
+                        (if current.is_some() { 200 } else { 201 }, text)
+                    }
+                }
+                _ => (405, status(405, "MethodNotAllowed")),
+            };
+            (code, text, delay)
+        }
+    }
+
+    impl tower::Service<http::Request<Body>> for FakeLeases {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future =
+            Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+            let server = self.clone();
+            Box::pin(async move {
+                let (parts, body) = request.into_parts();
+                let body = body.collect_bytes().await.unwrap_or_default();
+                let (code, text, delay) = server.apply(&parts.method, &body);
+                match delay {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+                Ok(http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(text.into_bytes()))
+                    .expect("a response"))
+            })
+        }
+    }
+
+    /// A standby takes the Lease once its record is unchanged for the lease duration, counted
+    /// from when the last write was applied at the earliest. A leader whose renewal was applied
+    /// but answered late must still give up before that, so its deadline counts from when the
+    /// renewal was sent (review H1).
+    #[tokio::test]
+    async fn a_renewal_answered_late_counts_from_when_it_was_sent() {
+        let server = FakeLeases::new();
+        let mut elector = server.elector("host-a");
+        elector.acquire().await;
+        server.answer(Answers::OneSlowWriteThenSilence(Duration::from_millis(900)));
+        let lost = tokio::time::timeout(Duration::from_secs(10), elector.hold())
+            .await
+            .expect("the leader gives up once it cannot renew");
+        let lost_at = Instant::now();
+        assert_eq!(lost, LostLease::NotRenewed(Duration::from_millis(1400)));
+        let standby_may_take_over = server.last_applied() + elector.settings().lease_duration;
+        assert!(
+            lost_at < standby_may_take_over,
+            "the leader gave up {:?} after a standby could take the Lease",
+            lost_at - standby_may_take_over
+        );
+    }
+
+    /// The host's loop built `hold()` anew on every turn (a host task ending is a turn), and
+    /// each new `hold()` counted its deadline from its own start: a leader that could no longer
+    /// renew went on leading past the lease (review H1). The deadline is the last renewal's.
+    #[tokio::test]
+    async fn hold_called_anew_keeps_the_deadline_of_the_last_renewal() {
+        let server = FakeLeases::new();
+        let mut elector = server.elector("host-a");
+        let acquired = Instant::now();
+        elector.acquire().await;
+        server.answer(Answers::Silence);
+        let lost = loop {
+            if let Ok(lost) = tokio::time::timeout(Duration::from_millis(300), elector.hold()).await
+            {
+                break Some(lost);
+            }
+            if acquired.elapsed() > Duration::from_secs(5) {
+                break None;
+            }
+        };
+        let lost_at = Instant::now();
+        assert!(lost.is_some(), "the leader never gave up the Lease");
+        let standby_may_take_over = acquired + elector.settings().lease_duration;
+        assert!(
+            lost_at < standby_may_take_over,
+            "the leader gave up {:?} after a standby could take the Lease",
+            lost_at - standby_may_take_over
+        );
+    }
+
+    /// A leader that is stopped drains while it goes on renewing: the Lease stays its own past
+    /// the moment a standby would otherwise have taken it (review H1).
+    #[tokio::test]
+    async fn the_lease_is_renewed_while_the_drain_runs() {
+        let server = FakeLeases::new();
+        let mut elector = server.elector("host-a");
+        elector.acquire().await;
+        let lease_duration = elector.settings().lease_duration;
+        let started = Instant::now();
+        let drained = elector
+            .while_holding(tokio::time::sleep(lease_duration * 3 / 2))
+            .await;
+        assert_eq!(drained, Ok(()));
+        assert!(
+            server.last_applied() > started + lease_duration,
+            "no renewal after the lease duration: a standby would have taken over mid-drain"
+        );
+        assert_eq!(server.holder().as_deref(), Some("host-a"));
+    }
+
+    /// A drain that would still write after another replica took the Lease is dropped where
+    /// it stands (review H1).
+    #[tokio::test]
+    async fn the_drain_is_dropped_when_the_lease_is_taken() {
+        let server = FakeLeases::new();
+        let mut elector = server.elector("host-a");
+        elector.acquire().await;
+        server.taken_over_by("host-b");
+        let (dropped_tx, dropped) = tokio::sync::oneshot::channel::<()>();
+        let drain = async move {
+            let _still_draining = dropped_tx;
+            std::future::pending::<()>().await
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(10), elector.while_holding(drain))
+            .await
+            .expect("the loss is noticed");
+        assert_eq!(outcome, Err(LostLease::TakenBy("host-b".into())));
+        assert!(dropped.await.is_err(), "the drain was dropped");
+    }
 }

@@ -73,12 +73,23 @@ enum Command {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         leader_election: bool,
         /// Load only plugin ConfigMaps signed by this ed25519 public key (PEM); repeat for
-        /// several. Without any, every pack in --plugin-namespace loads.
+        /// several. Without any (and without --trusted-keys-pem), every pack in
+        /// --plugin-namespace loads.
         #[arg(long = "trusted-key", value_name = "PUBLIC_KEY_PEM")]
         trusted_keys: Vec<PathBuf>,
+        /// The same, as PEM text (one or more `PUBLIC KEY` blocks). In a cluster, set it in the
+        /// host's pod spec, where only who may change the host's Deployment can change it;
+        /// never in a ConfigMap of the plugin namespace, which plugin authors can write.
+        #[arg(
+            long = "trusted-keys-pem",
+            env = "POLICY_HOST_TRUSTED_KEYS",
+            value_name = "PEM"
+        )]
+        trusted_keys_pem: Option<String>,
     },
     /// Write a new ed25519 key pair for signing plugin packs: `<prefix>.pem` (private, keep it
-    /// out of the cluster) and `<prefix>.pub` (for the host's --trusted-key).
+    /// out of the cluster) and `<prefix>.pub` (for the host's --trusted-key or
+    /// POLICY_HOST_TRUSTED_KEYS).
     Keygen {
         /// Path prefix of the two files, e.g. `./plugin-signing`.
         prefix: PathBuf,
@@ -275,6 +286,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             shard,
             leader_election,
             trusted_keys,
+            trusted_keys_pem,
         } => {
             let shard = Shard::new(shard, shards)?;
             if policies.is_empty() && plugin_namespace.is_none() {
@@ -282,12 +294,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     "nothing to load: give --policy plugin.wasm, or --plugin-namespace (or POD_NAMESPACE) to load plugin ConfigMaps"
                 );
             }
-            let trust = policy_host::load::trust::TrustPolicy::from_files(&trusted_keys)?;
+            let mut trust = policy_host::load::trust::TrustPolicy::from_files(&trusted_keys)?;
+            if let Some(text) = trusted_keys_pem {
+                trust = trust.with_keys(policy_host::load::trust::TrustedKey::all_from_pem_text(
+                    "--trusted-keys-pem (POLICY_HOST_TRUSTED_KEYS)",
+                    &text,
+                )?);
+            }
             if trust.is_enforced() {
                 tracing::info!(keys = %trust.describe(), "plugin ConfigMaps must be signed by one of these keys");
             } else if plugin_namespace.is_some() {
                 tracing::warn!(
-                    "no --trusted-key: any ConfigMap labelled policy-host.io/plugin=true in the plugin namespace loads code; see README \"Signed plugins\""
+                    "no trusted key (--trusted-key, POLICY_HOST_TRUSTED_KEYS): any ConfigMap labelled policy-host.io/plugin=true in the plugin namespace loads code; see README \"Signed plugins\""
                 );
             }
             let client = kube::Client::try_default()
@@ -326,7 +344,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Keygen { prefix } => {
             let files = plugin_cli::keygen::keygen(&prefix)?;
             println!(
-                "wrote {} (private: keep it out of the cluster) and {} (give it to the host as --trusted-key); key id {}",
+                "wrote {} (private: keep it out of the cluster) and {} (give it to the host: POLICY_HOST_TRUSTED_KEYS in its pod spec, or --trusted-key); key id {}",
                 files.private.display(),
                 files.public.display(),
                 files.id

@@ -5,7 +5,8 @@
 //! A new version with the same target, children and concurrency keeps its controller: the
 //! controller reads the current plugin at each reconcile, so a hot swap costs no watch restart.
 //! Only a change of what must be *watched* (target or child kinds) or of the concurrency
-//! restarts it. Stopping is graceful: in-flight reconciles finish first.
+//! restarts it. Stopping is graceful: in-flight reconciles finish first (on shutdown, every
+//! controller's at once).
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -231,9 +232,13 @@ pub async fn supervise(
             () = &mut shutdown => break,
         }
     }
-    for (name, controller) in running.drain() {
-        stop(&name, controller, &metrics, &health).await;
-    }
+    // All at once: a leader renews its Lease until the last of them has stopped, so the
+    // handover waits for the slowest, not for their sum.
+    let (metrics, health) = (&metrics, &health);
+    futures::future::join_all(running.drain().map(|(name, controller)| async move {
+        stop(&name, controller, metrics, health).await;
+    }))
+    .await;
     for (_, (_, task)) in orphans.drain() {
         task.abort();
     }

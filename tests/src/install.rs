@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde::Deserialize;
+
 use crate::images::{DockerfileImage, ImageSpec};
 use crate::{Error, Result};
 
@@ -13,17 +15,25 @@ pub fn deployment_image(root: &Path) -> Result<String> {
     let path = root.join("deploy/deployment.yaml");
     let text =
         std::fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
-    let deployment: serde_json::Value = serde_yaml::from_str(&text).map_err(|e| Error::Image {
-        image: "policy-host".into(),
-        problem: format!("{} is not YAML: {e}", path.display()),
-    })?;
-    deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| Error::Image {
+    // The Deployment, among the file's documents (its PodDisruptionBudget follows it).
+    let mut images = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let object = serde_json::Value::deserialize(document).map_err(|e| Error::Image {
             image: "policy-host".into(),
-            problem: format!("{} names no container image", path.display()),
-        })
+            problem: format!("{} is not YAML: {e}", path.display()),
+        })?;
+        if object["kind"] == "Deployment" {
+            images.extend(
+                object["spec"]["template"]["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .map(str::to_owned),
+            );
+        }
+    }
+    images.pop().ok_or_else(|| Error::Image {
+        image: "policy-host".into(),
+        problem: format!("{} names no container image", path.display()),
+    })
 }
 
 /// The host's image as `deploy/Dockerfile` describes it (the final stage's files, user,

@@ -2,8 +2,9 @@
 //! check of a pack's signature against them.
 //!
 //! Without a trust policy anybody who can write a ConfigMap in the plugin namespace runs code
-//! through the host's ServiceAccount. With one (`--trusted-key`, repeatable), a pack loads only
-//! when it carries a signature, by one of those keys, over:
+//! through the host's ServiceAccount. With one (`--trusted-key` files, or PEM text in
+//! `--trusted-keys-pem` / `POLICY_HOST_TRUSTED_KEYS`), a pack loads only when it carries a
+//! signature, by one of those keys, over:
 //!
 //! ```text
 //! policy-host plugin signature v1
@@ -154,11 +155,37 @@ impl TrustedKey {
         let text = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
         let spki = SubjectPublicKeyInfoDer::from_pem_slice(&text)
             .map_err(|e| bad(format!("no PEM PUBLIC KEY in it ({e})")))?;
+        Self::from_spki(&spki).map_err(bad)
+    }
+
+    /// Reads every PEM `PUBLIC KEY` block of `text`, each an ed25519 key (`--trusted-keys-pem`,
+    /// `POLICY_HOST_TRUSTED_KEYS`); `source` names where the text came from. Text without a key
+    /// is refused: a trust policy that was meant but came out empty would let every pack load.
+    pub fn all_from_pem_text(source: &str, text: &str) -> Result<Vec<TrustedKey>, TrustError> {
+        let bad = |problem: String| TrustError::BadPublicKey {
+            path: source.to_owned(),
+            problem,
+        };
+        let keys = SubjectPublicKeyInfoDer::pem_slice_iter(text.as_bytes())
+            .enumerate()
+            .map(|(n, spki)| {
+                let spki =
+                    spki.map_err(|e| bad(format!("PEM block {} is unreadable ({e})", n + 1)))?;
+                Self::from_spki(&spki).map_err(|problem| bad(format!("key {}: {problem}", n + 1)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Err(bad("it holds no PEM PUBLIC KEY".to_owned()));
+        }
+        Ok(keys)
+    }
+
+    fn from_spki(spki: &SubjectPublicKeyInfoDer<'_>) -> Result<TrustedKey, String> {
         let raw = spki
             .as_ref()
             .strip_prefix(ED25519_SPKI_PREFIX.as_slice())
             .filter(|raw| raw.len() == 32)
-            .ok_or_else(|| bad("it is not an ed25519 key".to_owned()))?;
+            .ok_or_else(|| "it is not an ed25519 key".to_owned())?;
         Ok(TrustedKey {
             id: key_id(raw),
             raw: raw.to_vec(),
@@ -185,6 +212,12 @@ impl TrustPolicy {
             .map(|p| TrustedKey::from_pem_file(p))
             .collect::<Result<_, _>>()?;
         Ok(TrustPolicy { keys })
+    }
+
+    /// The same policy, trusting `keys` too.
+    pub fn with_keys(mut self, keys: impl IntoIterator<Item = TrustedKey>) -> TrustPolicy {
+        self.keys.extend(keys);
+        self
     }
 
     /// Whether packs must be signed.
@@ -518,5 +551,40 @@ mod tests {
         signer.sign(&mut cm, SHA);
         let policy = TrustPolicy::new(vec![trusted]);
         assert_eq!(policy.verify(&cm, SHA).map_err(|e| e.to_string()), Ok(()));
+    }
+
+    /// Review H2: in a cluster the keys come as PEM text in the pod spec, several in one value.
+    /// Text that holds no public key is refused, never read as "no trust policy".
+    #[test]
+    fn trusted_keys_given_as_pem_text_are_every_public_key_in_it() {
+        let keys = Keys::new("text");
+        let ours = TrustedKey::from_pem_file(&keys.public).expect("our key");
+        let text = format!(
+            "{}{OPENSSL_PUBLIC}",
+            std::fs::read_to_string(&keys.public).expect("read")
+        );
+        let read = TrustedKey::all_from_pem_text("POLICY_HOST_TRUSTED_KEYS", &text).expect("keys");
+        let theirs = TrustPolicy::default().with_keys(read.clone());
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0], ours);
+        let mut cm = pack(None);
+        keys.signer().sign(&mut cm, SHA);
+        assert!(theirs.verify(&cm, SHA).is_ok());
+        for (what, text) in [
+            ("empty", String::new()),
+            ("a private key", OPENSSL_PRIVATE.to_owned()),
+            (
+                "a path",
+                "/etc/policy-host/trusted-keys/plugin-signing.pub".to_owned(),
+            ),
+        ] {
+            let error =
+                TrustedKey::all_from_pem_text("POLICY_HOST_TRUSTED_KEYS", &text).expect_err(what);
+            assert_eq!(error.reason(), "TrustKeyInvalid", "{what}");
+            assert!(
+                error.to_string().contains("POLICY_HOST_TRUSTED_KEYS"),
+                "{what}: {error}"
+            );
+        }
     }
 }

@@ -6,6 +6,7 @@ pub mod etcd;
 pub mod install;
 pub mod minio;
 pub mod plugins;
+pub mod writes;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,23 +1,30 @@
 //! Two hosts against one cluster, sharing a Lease: exactly one decides; when the leader dies
 //! the standby takes over within the lease duration, and when a leader stops gracefully the
 //! standby takes over within about a second. Real kube-apiserver, real Lease objects, the
-//! misbehaving test plugin in its `ok` behaviour (applies `<parent>-out`, sets status); then
-//! the etcd plugin with real etcd: the leader killed in the middle of a scale-up, and no
-//! membership change done twice.
+//! misbehaving test plugin in its `ok` behaviour (applies `<parent>-out`, sets status); a
+//! leader stopped while a reconcile waits on a slow app hands over only after that reconcile's
+//! last write; then the etcd plugin with real etcd: the leader killed in the middle of a
+//! scale-up, and no membership change done twice.
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use policy_host::decide::Limits;
 use policy_host::leader::LeaseSettings;
 use policy_host_e2e::etcd::{etcd_clusters, etcd_version, eventually, pod_endpoint, run_etcdctl};
 use policy_host_e2e::install_crd;
+use policy_host_e2e::writes::{Write, Writes};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
 use policy_host_testenv::{TestEnv, shared_node, wait_for};
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(90);
 const LEASE: &str = "policy-host";
@@ -170,6 +177,284 @@ async fn only_the_lease_holder_decides_and_a_standby_takes_over() -> anyhow::Res
         "the Lease changed hands other than a -> b -> c"
     );
     c.stop().await;
+    Ok(())
+}
+
+/// A Node no kubelet runs: Pods bound to it stay as the test writes them (its app-calls go to
+/// an address of the test's choosing), nothing is scheduled on it, and it is never drained.
+const PAPER_NODE: &str = "policy-host-e2e-paper-node";
+
+/// How long the slow app takes to answer one app-call (under the host's 5 s app-call timeout).
+const SLOW_ANSWER: Duration = Duration::from_secs(4);
+
+/// An app on 127.0.0.1 that answers every HTTP request `SLOW_ANSWER` after it arrived; the
+/// receiver counts the requests received so far.
+async fn slow_app() -> anyhow::Result<(u16, tokio::sync::watch::Receiver<usize>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let (received_tx, received) = tokio::sync::watch::channel(0usize);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let received_tx = received_tx.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 1024];
+                loop {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                received_tx.send_modify(|n| *n += 1);
+                tokio::time::sleep(SLOW_ANSWER).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    Ok((port, received))
+}
+
+/// Makes the Pod `name`, controlled by the `Probe` `owner`, serving port `http` at
+/// 127.0.0.1:`port`, Running on the paper node.
+async fn paper_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    owner: &DynamicObject,
+    port: u16,
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if nodes.get_opt(PAPER_NODE).await?.is_none() {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": PAPER_NODE },
+            "spec": { "unschedulable": true,
+                "taints": [{ "key": "policy-host.io/paper-node", "effect": "NoSchedule" }] },
+        }))?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": { "policy-host.io/policy": "misbehaving" },
+            "ownerReferences": [{ "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                "name": owner.name_any(), "uid": owner.uid(), "controller": true }],
+        },
+        "spec": {
+            "nodeName": PAPER_NODE,
+            "tolerations": [{ "operator": "Exists" }],
+            "containers": [{ "name": "app", "image": "pause",
+                "ports": [{ "name": "http", "containerPort": port }] }],
+        },
+    });
+    pods.patch(
+        name,
+        &PatchParams::apply("e2e").force(),
+        &Patch::Apply(&pod),
+    )
+    .await?;
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{ "ip": "127.0.0.1" }],
+        }})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What one version of the Lease said: its holder and renew time.
+#[derive(Clone, Debug)]
+struct LeaseRecord {
+    holder: Option<String>,
+    renewed: Option<Timestamp>,
+}
+
+/// Review H1: a leader stopped (SIGTERM, a rollout) while a reconcile waits on a slow app keeps
+/// renewing its Lease until that reconcile has written, releases it after, and only then may
+/// the standby decide. Before, it stopped renewing at the signal, and the standby took the
+/// Lease and wrote while the old leader's reconcile still ran and wrote after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_keeps_the_lease_until_its_last_write() -> anyhow::Result<()> {
+    /// App-calls the slow reconcile makes in a row: it outlasts the lease duration.
+    const CALLS: u32 = 4;
+    init_logging();
+    let env = shared_node().await?;
+    let client = env.client().await?;
+    install_crd_object(&client, probe_crd()?).await?;
+    let namespace = env.create_namespace("handover").await?;
+    let plugin = policy_host_test_plugins::build("misbehaving-policy")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let probes_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &probes());
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let (port, slow_requests) = slow_app().await?;
+
+    // Every version of the Lease, as the API server served it.
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<LeaseRecord>>> = Default::default();
+    let lease_watch = {
+        let (leases, seen) = (leases.clone(), seen.clone());
+        tokio::spawn(async move {
+            let config = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
+            let mut events = std::pin::pin!(watcher(leases, config));
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) = event {
+                    let spec = lease.spec.unwrap_or_default();
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(LeaseRecord {
+                            holder: spec.holder_identity,
+                            renewed: spec.renew_time.map(|t| t.0),
+                        });
+                }
+            }
+        })
+    };
+
+    let limits = Limits {
+        deadline: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let start = |identity: &'static str, writes: Writes| {
+        let (namespace, plugin, limits) = (namespace.to_string(), plugin.clone(), limits.clone());
+        async move {
+            let settings = policy_host::Settings {
+                policy_files: vec![plugin],
+                leader_election: Some(LeaseSettings::new(namespace.as_str(), LEASE, identity)),
+                ..HostUnderTest::settings(&namespace, limits)?
+            };
+            HostUnderTest::start_with_client(writes.client(env).await?, settings).await
+        }
+    };
+    let (a_writes, b_writes) = (Writes::default(), Writes::default());
+    let a = start("host-a", a_writes.clone()).await?;
+    wait_for("host-a leads", WAIT, || async {
+        a.running.leadership.is_leader().then_some(())
+    })
+    .await?;
+    let b = start("host-b", b_writes.clone()).await?;
+
+    // `quick` is written on every reconcile: the standby's first write, as soon as it leads.
+    let apply_probe = |name: &'static str, spec: serde_json::Value| {
+        let probes_api = probes_api.clone();
+        async move {
+            let object = json!({
+                "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
+                "metadata": { "name": name }, "spec": spec,
+            });
+            probes_api
+                .patch(
+                    name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+        }
+    };
+    apply_probe("quick", json!({ "behaviour": "ok" })).await?;
+    wait_for("quick-out applied", WAIT, || async {
+        config_maps.get_opt("quick-out").await.ok().flatten()
+    })
+    .await?;
+    // `slow` calls its pod CALLS times, each answered SLOW_ANSWER late.
+    let slow = apply_probe("slow", json!({ "behaviour": "call-own", "calls": CALLS })).await?;
+    paper_pod(&client, &namespace, "own-0", &slow, port).await?;
+    wait_for("host-a's slow reconcile calls its app", WAIT, || async {
+        (*slow_requests.borrow() >= 1).then_some(())
+    })
+    .await?;
+
+    let signalled = Instant::now();
+    let signalled_at = Timestamp::now();
+    let a_stopped = tokio::spawn(async move {
+        a.stop().await;
+        Instant::now()
+    });
+    wait_for("host-b leads", WAIT, || async {
+        b.running.leadership.is_leader().then_some(())
+    })
+    .await?;
+    wait_for("host-b writes for quick", WAIT, || async {
+        (b_writes.for_probe("quick") > 0).then_some(())
+    })
+    .await?;
+    let a_stopped = a_stopped.await?;
+    b.kill();
+    lease_watch.abort();
+
+    let parents = |writes: &Writes| -> Vec<Write> {
+        writes
+            .all()
+            .into_iter()
+            .filter(|w| !w.is_to_a_lease())
+            .collect()
+    };
+    let (a_parents, b_parents) = (parents(&a_writes), parents(&b_writes));
+    let drained = a_parents
+        .iter()
+        .filter(|w| w.sent > signalled && w.is_for_probe("slow"))
+        .count();
+    assert!(
+        drained > 0,
+        "host-a's slow reconcile wrote nothing after the signal: the drain is not tested"
+    );
+    let a_last = a_parents
+        .iter()
+        .map(|w| w.answered.unwrap_or(a_stopped))
+        .max()
+        .expect("host-a wrote");
+    let b_first = b_parents
+        .iter()
+        .map(|w| w.sent)
+        .min()
+        .expect("host-b wrote");
+    assert!(
+        a_last < b_first,
+        "host-b wrote {:?} before host-a's last write was answered: {:?} then {:?}",
+        a_last - b_first,
+        b_parents.first(),
+        a_parents.last()
+    );
+
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let lease_duration = SignedDuration::from_secs(10);
+    let renewals_by_a: Vec<Timestamp> = seen
+        .iter()
+        .filter(|r| r.holder.as_deref() == Some("host-a"))
+        .filter_map(|r| r.renewed)
+        .filter(|t| *t >= signalled_at)
+        .collect();
+    assert!(
+        renewals_by_a
+            .iter()
+            .any(|t| t.duration_since(signalled_at) > lease_duration),
+        "host-a did not renew the Lease through a drain longer than the lease: {seen:?}"
+    );
+    let first_by_b = seen
+        .iter()
+        .position(|r| r.holder.as_deref() == Some("host-b"))
+        .expect("host-b took the Lease");
+    assert!(
+        first_by_b > 0 && seen[first_by_b - 1].holder.is_none(),
+        "host-b took the Lease from host-a instead of after host-a released it: {seen:?}"
+    );
+    println!(
+        "figure: stopping leader drained for {:?}, then handed over",
+        a_stopped - signalled
+    );
     Ok(())
 }
 

@@ -6,7 +6,8 @@
 //! the host, kube and wasmtime again; one binary for 23 suites takes minutes off every CI run
 //! (BENCHMARKS.md). A suite that changes what every namespace sees (a CRD deleted, a host
 //! installed cluster-wide) stays a binary of its own in `tests/e2e/tests/`: `finalizer_crd`,
-//! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run.)
+//! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run, and the
+//! RBAC it applies for real stays in its own namespace.)
 
 mod bounded_caches;
 mod controller_safety;

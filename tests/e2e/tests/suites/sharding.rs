@@ -5,26 +5,24 @@
 //! other shard goes on. Real kube-apiserver, real Leases (one per shard), the misbehaving test
 //! plugin in its `ok` behaviour (applies `<parent>-out`, sets status, on every reconcile).
 //!
-//! Which host wrote for which parent is read from each host's own API requests: a layer on its
-//! kube client records the method and path of every request that is not a read. A write for a
-//! parent is one to the parent itself (its finalizer), its status, or its `<parent>-out`.
+//! Which host wrote for which parent is read from each host's own API requests
+//! ([`policy_host_e2e::writes`]): a write for a parent is one to the parent itself (its
+//! finalizer), its status, or its `<parent>-out`.
 //!
 //! A parent moved while its old shard decides (an app-call held open by a fake pod the test
 //! serves) gets no write from the old shard: its decision is not carried out.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use policy_host::decide::Limits;
 use policy_host::leader::LeaseSettings;
 use policy_host::shard::{SHARD_LABEL, Shard};
 use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::writes::Writes;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
 use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::json;
@@ -35,66 +33,6 @@ const LEASE: &str = "policy-host";
 const SHARDS: u32 = 2;
 /// Parents assigned by hash, per shard.
 const HASHED_PER_SHARD: usize = 3;
-
-/// The writes one host sent to the API server, as `METHOD path`.
-#[derive(Clone, Default)]
-struct Writes(Arc<Mutex<Vec<String>>>);
-
-impl Writes {
-    fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// How many of the writes from the `since`-th on were for the parent `name`.
-    fn for_parent_since(&self, name: &str, since: usize) -> usize {
-        let own = [
-            format!("/probes/{name}"),
-            format!("/probes/{name}/status"),
-            format!("/configmaps/{name}-out"),
-        ];
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .skip(since)
-            .filter(|write| own.iter().any(|path| write.ends_with(path.as_str())))
-            .count()
-    }
-
-    fn for_parent(&self, name: &str) -> usize {
-        self.for_parent_since(name, 0)
-    }
-}
-
-/// A client service that records every non-GET request into [`Writes`].
-struct RecordWrites<S> {
-    inner: S,
-    writes: Writes,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for RecordWrites<S>
-where
-    S: tower::Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.method() != http::Method::GET {
-            self.writes
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(format!("{} {}", request.method(), request.uri().path()));
-        }
-        self.inner.call(request)
-    }
-}
 
 /// One replica of one shard, and the writes it sent.
 struct Replica {
@@ -111,13 +49,7 @@ async fn start(
     plugin: &std::path::Path,
 ) -> anyhow::Result<Replica> {
     let writes = Writes::default();
-    let recorded = writes.clone();
-    let client: Client = kube::client::ClientBuilder::try_from(env.kube_config().await?)?
-        .with_layer(&tower::layer::layer_fn(move |inner| RecordWrites {
-            inner,
-            writes: recorded.clone(),
-        }))
-        .build();
+    let client = writes.client(env).await?;
     let base = HostUnderTest::settings(namespace, Limits::default())?;
     let settings = policy_host::Settings {
         policy_files: vec![plugin.to_path_buf()],
@@ -278,7 +210,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
     for parent in &parents {
         let writers: BTreeSet<&str> = [&a0, &a1, &b0]
             .iter()
-            .filter(|r| r.writes.for_parent(&parent.name) > 0)
+            .filter(|r| r.writes.for_probe(&parent.name) > 0)
             .map(|r| r.name)
             .collect();
         assert_eq!(
@@ -305,7 +237,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         .find(|p| p.shard == 0 && p.label.is_none())
         .map(|p| p.name.clone())
         .ok_or_else(|| anyhow::anyhow!("no hashed parent on shard 0"))?;
-    assert_eq!(a1.writes.for_parent(&moved), 0);
+    assert_eq!(a1.writes.for_probe(&moved), 0);
     let a0_before_move = a0.writes.len();
     for round in 1..=4 {
         let a1_mark = a1.writes.len();
@@ -314,7 +246,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
             &format!("shard 1 reconciles the moved parent's change {round}"),
             WAIT,
             || async {
-                match a1.writes.for_parent_since(&moved, a1_mark) {
+                match a1.writes.for_probe_since(&moved, a1_mark) {
                     0 => Err("not yet".to_string()),
                     _ => Ok(()),
                 }
@@ -322,7 +254,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         )
         .await?;
     }
-    let a0_after_move = a0.writes.for_parent_since(&moved, a0_before_move);
+    let a0_after_move = a0.writes.for_probe_since(&moved, a0_before_move);
     assert!(
         a0_after_move <= 2,
         "shard 0 wrote {a0_after_move} times for {moved} after its label moved it to shard 1"
@@ -350,7 +282,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         || async {
             let waiting: Vec<&str> = shard0
                 .iter()
-                .filter(|p| b0.writes.for_parent(&p.name) == 0)
+                .filter(|p| b0.writes.for_probe(&p.name) == 0)
                 .map(|p| p.name.as_str())
                 .collect();
             if waiting.is_empty() {
@@ -372,7 +304,7 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         let owner = usize::from(parent.shard == 1 || parent.name == moved);
         let (other, mark) = since_kill[1 - owner];
         assert_eq!(
-            other.writes.for_parent_since(&parent.name, mark),
+            other.writes.for_probe_since(&parent.name, mark),
             0,
             "{} wrote for {}, a parent of {}",
             other.name,
@@ -569,7 +501,7 @@ async fn a_parent_moved_while_its_old_shard_decides_gets_no_write_from_the_old_s
     })
     .await?;
     assert_eq!(
-        a0.writes.for_parent_since("mover", since),
+        a0.writes.for_probe_since("mover", since),
         0,
         "shard 0 wrote for `mover` after it moved to shard 1"
     );

@@ -10,7 +10,8 @@
 //! - `refuse`: returns a policy error;
 //! - `adopt`: applies a Secret, a kind it did not declare (the host must refuse);
 //! - `call-stranger`: app-calls a pod it does not own and reports the outcome in status;
-//! - `call-own`: the same with its own pod `own-0` (granted port `http`);
+//! - `call-own`: the same with its own pod `own-0` (granted port `http`), `spec.calls` times in
+//!   a row (default 1; a reconcile that blocks on a slow app longer than one call may take);
 //! - `log-split`: logs one line of `"a"` then `spec.count` two-byte characters (and the same
 //!   as a field), so a cut at any even byte offset falls inside a character;
 //! - `privileged-pod`: applies a Pod `<parent>-priv` with a privileged container (above the
@@ -158,21 +159,29 @@ mod plugin {
                     } else {
                         "someone-elses-pod"
                     };
-                    let outcome = app_call::call(&app_call::Request {
-                        pod: pod.into(),
-                        port: "http".into(),
-                        method: app_call::Method::Get,
-                        path: "/".into(),
-                        body: None,
-                    });
-                    let text = match outcome {
-                        Ok(response) => format!("answered {}", response.status),
-                        Err(app_call::CallError::Refused(why)) => format!("refused: {why}"),
-                        Err(app_call::CallError::Unreachable(why)) => format!("unreachable: {why}"),
-                        Err(app_call::CallError::Timeout) => "timeout".into(),
-                    };
+                    let calls = parent["spec"]["calls"].as_u64().unwrap_or(1).max(1);
+                    let mut text = String::new();
+                    for _ in 0..calls {
+                        let outcome = app_call::call(&app_call::Request {
+                            pod: pod.into(),
+                            port: "http".into(),
+                            method: app_call::Method::Get,
+                            path: "/".into(),
+                            body: None,
+                        });
+                        text = match outcome {
+                            Ok(response) => format!("answered {}", response.status),
+                            Err(app_call::CallError::Refused(why)) => format!("refused: {why}"),
+                            Err(app_call::CallError::Unreachable(why)) => {
+                                format!("unreachable: {why}")
+                            }
+                            Err(app_call::CallError::Timeout) => "timeout".into(),
+                        };
+                    }
                     Ok(Decision {
-                        actions: vec![Action::SetStatus(json!({ "appCall": text }).to_string())],
+                        actions: vec![Action::SetStatus(
+                            json!({ "appCall": text, "calls": calls }).to_string(),
+                        )],
                         requeue_after_ms: None,
                     })
                 }
