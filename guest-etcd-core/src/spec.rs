@@ -406,29 +406,49 @@ impl JsonSchema for Quantity {
     }
 }
 
-/// Observed state of an etcd cluster, written by the plugin on every reconcile.
+/// Observed state of an etcd cluster, written by the plugin on every reconcile. The classic
+/// etcd-operator's fields (`phase`, `reason`, `controlPaused`, `size`, `serviceName`,
+/// `clientPort`, `members.ready`/`members.unready`, `currentVersion`, `targetVersion`) mean
+/// what they meant there, so tools written for `v1beta2` read them unchanged; `etcdMembers`
+/// is this plugin's fuller account of each member.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterStatus {
-    /// `Creating`, `Running`, `Scaling` or `Failed`.
+    /// `Creating`, `Running`, `Scaling`, `Paused` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// Why the phase is `Failed`: the `Degraded` condition's message (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether `spec.paused` holds every change (the classic field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_paused: bool,
     /// Current number of etcd members (voters and learners).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<i64>,
+    /// The client Service, `<cluster>-client` (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// The client port of that Service and of every member, 2379 (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_port: Option<i64>,
     /// Ready members over desired members, e.g. `2/3`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
-    /// The members etcd reports.
+    /// The members by readiness, as pod names (the classic field).
+    #[serde(default)]
+    pub members: ClassicMembers,
+    /// The members etcd reports, with their IDs and roles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<MemberStatus>,
+    pub etcd_members: Vec<MemberStatus>,
     /// etcd's cluster ID (decimal), once the cluster answered.
     #[serde(default, rename = "clusterID", skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
     /// etcd version the cluster runs, as etcd reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
-    /// etcd version the spec asks for.
+    /// etcd version the cluster is being upgraded to: `spec.version` while it differs from
+    /// `currentVersion`, absent otherwise (as in the classic operator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_version: Option<String>,
     /// `Available` (a quorum of members is ready), `Progressing` (membership is changing),
@@ -517,6 +537,35 @@ pub enum Phase {
     Failed,
     /// `spec.paused` is true: nothing is changed until it is set back to false.
     Paused,
+}
+
+/// The classic `status.members`: member pod names by readiness.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClassicMembers {
+    /// Voting members whose pod is Ready and whose etcd has started: they serve requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ready: Vec<String>,
+    /// Every other member: starting, failed, without a pod, or a learner still catching up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unready: Vec<String>,
+}
+
+impl EtcdClusterStatus {
+    /// Reads a status as this plugin wrote it. A status written before `status.members`
+    /// became the classic `{ready, unready}` holds the member list there: it is read as
+    /// `etcdMembers`, so a plugin swapped in while etcd does not answer still knows the members
+    /// it must recover. `None` for anything else that does not parse.
+    pub fn read(mut status: serde_json::Value) -> Option<EtcdClusterStatus> {
+        if let Some(object) = status.as_object_mut()
+            && object
+                .get("members")
+                .is_some_and(serde_json::Value::is_array)
+        {
+            let list = object.remove("members").unwrap_or_default();
+            object.entry("etcdMembers").or_insert(list);
+        }
+        serde_json::from_value(status).ok()
+    }
 }
 
 /// One etcd member.
