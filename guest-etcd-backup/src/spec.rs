@@ -63,6 +63,22 @@ pub const DEFAULT_TIMEOUT_SECONDS: i64 = 3_600;
     )
 )]
 #[serde(rename_all = "camelCase")]
+// Refused at `kubectl apply` (CEL): what the object shows by itself. `validate` checks it all
+// again, with the names of buckets and Secrets.
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.abs) && !has(self.gcs) && !has(self.oss) && has(self.storageType) && self.storageType.lowerAscii() == 's3'",
+        "message": "only S3 (any S3-compatible store) is supported: write storageType: S3 and spec.s3; the classic abs, gcs and oss are not"
+    },
+    {
+        "rule": "has(self.s3)",
+        "message": "spec.s3 is missing: give path (<bucket>/<object>) and awsSecret"
+    },
+    {
+        "rule": "has(self.etcdEndpoints) && size(self.etcdEndpoints) > 0 && (self.etcdEndpoints[0].startsWith('http://') || self.etcdEndpoints[0].startsWith('https://'))",
+        "message": "spec.etcdEndpoints must start with the cluster's client URL, e.g. http://example-client:2379"
+    }
+]))]
 pub struct EtcdBackupSpec {
     /// Client URLs of the cluster to back up, e.g. `http://example-client:2379` (its client
     /// Service). etcd takes a snapshot from one member: the first URL is used, so a Service
@@ -113,13 +129,25 @@ pub struct BackupPolicy {
     /// How long one snapshot may take, from its Pod's creation to the upload verified
     /// (default 3600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 0",
+        "message": "spec.backupPolicy.timeoutInSecond must be a positive number of seconds (0: the default, 3600)"
+    }]))]
     pub timeout_in_second: Option<i64>,
     /// Take a snapshot this often (seconds); unset or 0: one snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 0",
+        "message": "spec.backupPolicy.backupIntervalInSecond must be a positive number of seconds, or 0 for one snapshot"
+    }]))]
     pub backup_interval_in_second: Option<i64>,
     /// With an interval, the newest snapshots to keep in the bucket; older ones are removed
     /// by the next snapshot's Pod. Unset or 0: all are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 0",
+        "message": "spec.backupPolicy.maxBackups must be a positive number, or 0 to keep all"
+    }]))]
     pub max_backups: Option<i64>,
 }
 

@@ -24,8 +24,13 @@ use serde_json::Value;
 
 use crate::spec::{EtcdClusterSpec, Quantity, StorageSpec};
 
-/// The classic `spec.TLS`.
+/// The classic `spec.TLS`. Its `static` is refused at `kubectl apply` already (the rule below)
+/// and again by [`read`], for an object stored before the rule existed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.static)",
+    "message": "spec.TLS.static is the classic operator's TLS, whose Secrets hold peer.crt, server.crt and etcd-client.crt (with their keys and CAs): copy each into a Secret with ca.crt, tls.crt and tls.key, set spec.tls (peerSecret, serverSecret, operatorSecret) and remove spec.TLS"
+}]))]
 pub struct ClassicTls {
     /// `TLS.static`: Secrets made by hand for members and the operator.
     #[serde(default, rename = "static", skip_serializing_if = "Option::is_none")]

@@ -16,6 +16,10 @@ pub struct MaintenanceSpec {
     /// etcd's `--auto-compaction-mode`: `periodic` (keep `autoCompactionRetention` of time)
     /// or `revision` (keep that many revisions). Read when a member's pod is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self in ['periodic', 'revision']",
+        "message": "spec.maintenance.autoCompactionMode must be periodic or revision"
+    }]))]
     pub auto_compaction_mode: Option<String>,
     /// etcd's `--auto-compaction-retention`, e.g. `1h` (periodic) or `10000` (revision).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -23,11 +27,19 @@ pub struct MaintenanceSpec {
     /// etcd's `--quota-backend-bytes`: the database size at which etcd raises NOSPACE and
     /// takes no more writes (etcd's default: 2 GiB). Read when a member's pod is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self > 0",
+        "message": "spec.maintenance.quotaBackendBytes must be a size in bytes, e.g. 8589934592 for 8 GiB"
+    }]))]
     pub quota_backend_bytes: Option<i64>,
     /// Defragment a member when at least this percentage of its database file is free pages
     /// (1 to 100), one member at a time, followers first and the leader last, only while the
     /// cluster is steady.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 1 && self <= 100",
+        "message": "spec.maintenance.defragmentAbovePercent must be a percentage from 1 to 100"
+    }]))]
     pub defragment_above_percent: Option<i64>,
     /// ... and its database file is at least this large (default 64 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]

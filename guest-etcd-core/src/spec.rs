@@ -94,13 +94,34 @@ fn default_version() -> String {
     )
 )]
 #[serde(rename_all = "camelCase")]
+// What the API server refuses at `kubectl apply` (CEL, `x-kubernetes-validations`): only what
+// the object shows by itself. What needs the world (the running version, the pods) stays with
+// `validate` and the reconcile.
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)",
+        "message": "spec.restore is read only when the cluster is created: to start from another snapshot, create a new EtcdCluster with it"
+    },
+    {
+        "rule": "has(self.tls) == has(oldSelf.tls)",
+        "message": "spec.tls cannot be added to or removed from an existing EtcdCluster (its members' URLs are in etcd's membership): create a new EtcdCluster with spec.tls and spec.restore from a snapshot of this one"
+    }
+]))]
 pub struct EtcdClusterSpec {
     /// Number of etcd members (voters). 1 to 9; use an odd number (3 or 5) so the cluster
     /// tolerates (size-1)/2 failed members.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 1 && self <= 9",
+        "message": "spec.size must be 1 to 9: use an odd number, 3 or 5, so that (size-1)/2 members may fail"
+    }]))]
     pub size: i64,
     /// etcd version, e.g. `3.6.16` (a leading `v` is accepted). Supported minors: 3.5 and
     /// 3.6. The image is `<repository>:v<version>`.
     #[serde(default = "default_version")]
+    #[schemars(length(max = 64), extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^v?[0-9]+[.][0-9]+[.][0-9]+([-+][0-9A-Za-z.+-]+)?$')",
+        "message": "spec.version must be an etcd version such as 3.6.16 (a leading v is accepted)"
+    }]))]
     pub version: String,
     /// Image repository; defaults to `gcr.io/etcd-development/etcd`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,11 +194,19 @@ pub struct BackupSpec {
     /// Take a snapshot this often, e.g. `6h`, `30m` or `1h30m` (units `s`, `m`, `h`). The
     /// first is taken as soon as the cluster answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^([0-9]+[smh])+$') && self.matches('[1-9]')",
+        "message": "spec.backup.every must be a duration: a number and a unit s, m or h, e.g. 6h, 30m or 1h30m"
+    }]))]
     pub every: Option<String>,
     /// How many snapshots to keep (default 3, at least 1). Snapshots rotate through that
     /// many files `<cluster>-<slot>.db`, a new one replacing the oldest;
     /// `status.backup.snapshots` says which file holds what.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 1",
+        "message": "spec.backup.keep must be at least 1 snapshot (the default is 3)"
+    }]))]
     pub keep: Option<i64>,
     /// When a majority of voting members lost their pods and data (emptyDir storage), so
     /// etcd cannot recover by itself: delete what is left and start the cluster again from
@@ -241,6 +270,10 @@ pub struct S3RestoreSpec {
 /// or an object in an S3-compatible store (`s3`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.s3) ? !has(self.claimName) && !has(self.snapshot) : has(self.claimName) && has(self.snapshot)",
+    "message": "spec.restore needs exactly one source: claimName and snapshot (a file in that claim), or s3 (endpoint, bucket, key, credentialsSecret)"
+}]))]
 pub struct RestoreSpec {
     /// The claim holding the snapshot, e.g. `backup-<other cluster>`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -353,6 +386,10 @@ pub struct ResourceRequirements {
 /// Persistent storage: one PersistentVolumeClaim per member, named after its pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!isQuantity(string(self.size)) || !isQuantity(string(oldSelf.size)) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",
+    "message": "size cannot shrink (Kubernetes never makes a PersistentVolumeClaim smaller): keep it at least what it was"
+}]))]
 pub struct StorageSpec {
     /// Requested size of each member's volume, e.g. `1Gi`.
     pub size: Quantity,
@@ -407,29 +444,49 @@ impl JsonSchema for Quantity {
     }
 }
 
-/// Observed state of an etcd cluster, written by the plugin on every reconcile.
+/// Observed state of an etcd cluster, written by the plugin on every reconcile. The classic
+/// etcd-operator's fields (`phase`, `reason`, `controlPaused`, `size`, `serviceName`,
+/// `clientPort`, `members.ready`/`members.unready`, `currentVersion`, `targetVersion`) mean
+/// what they meant there, so tools written for `v1beta2` read them unchanged; `etcdMembers`
+/// is this plugin's fuller account of each member.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterStatus {
-    /// `Creating`, `Running`, `Scaling` or `Failed`.
+    /// `Creating`, `Running`, `Scaling`, `Paused` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// Why the phase is `Failed`: the `Degraded` condition's message (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Whether `spec.paused` holds every change (the classic field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_paused: bool,
     /// Current number of etcd members (voters and learners).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<i64>,
+    /// The client Service, `<cluster>-client` (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// The client port of that Service and of every member, 2379 (the classic field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_port: Option<i64>,
     /// Ready members over desired members, e.g. `2/3`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
-    /// The members etcd reports.
+    /// The members by readiness, as pod names (the classic field).
+    #[serde(default)]
+    pub members: ClassicMembers,
+    /// The members etcd reports, with their IDs and roles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<MemberStatus>,
+    pub etcd_members: Vec<MemberStatus>,
     /// etcd's cluster ID (decimal), once the cluster answered.
     #[serde(default, rename = "clusterID", skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
     /// etcd version the cluster runs, as etcd reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
-    /// etcd version the spec asks for.
+    /// etcd version the cluster is being upgraded to: `spec.version` while it differs from
+    /// `currentVersion`, absent otherwise (as in the classic operator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_version: Option<String>,
     /// `Available` (a quorum of members is ready), `Progressing` (membership is changing),
@@ -518,6 +575,35 @@ pub enum Phase {
     Failed,
     /// `spec.paused` is true: nothing is changed until it is set back to false.
     Paused,
+}
+
+/// The classic `status.members`: member pod names by readiness.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClassicMembers {
+    /// Voting members whose pod is Ready and whose etcd has started: they serve requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ready: Vec<String>,
+    /// Every other member: starting, failed, without a pod, or a learner still catching up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unready: Vec<String>,
+}
+
+impl EtcdClusterStatus {
+    /// Reads a status as this plugin wrote it. A status written before `status.members`
+    /// became the classic `{ready, unready}` holds the member list there: it is read as
+    /// `etcdMembers`, so a plugin swapped in while etcd does not answer still knows the members
+    /// it must recover. `None` for anything else that does not parse.
+    pub fn read(mut status: serde_json::Value) -> Option<EtcdClusterStatus> {
+        if let Some(object) = status.as_object_mut()
+            && object
+                .get("members")
+                .is_some_and(serde_json::Value::is_array)
+        {
+            let list = object.remove("members").unwrap_or_default();
+            object.entry("etcdMembers").or_insert(list);
+        }
+        serde_json::from_value(status).ok()
+    }
 }
 
 /// One etcd member.

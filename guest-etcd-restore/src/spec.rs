@@ -52,11 +52,32 @@ use serde_json::{Value, json};
     )
 )]
 #[serde(rename_all = "camelCase")]
+// Refused at `kubectl apply` (CEL): what the object shows by itself. `validate` checks it all
+// again, with the names of buckets and Secrets, and the cluster spec.
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.abs) && !has(self.gcs) && !has(self.oss) && has(self.backupStorageType) && self.backupStorageType.lowerAscii() == 's3'",
+        "message": "only S3 (any S3-compatible store) is supported: write backupStorageType: S3 and spec.s3; the classic abs, gcs and oss are not"
+    },
+    {
+        "rule": "has(self.s3)",
+        "message": "spec.s3 is missing: give path (<bucket>/<object>) and awsSecret"
+    },
+    {
+        "rule": "has(self.etcdCluster) && has(self.etcdCluster.name) && size(self.etcdCluster.name) > 0",
+        "message": "spec.etcdCluster.name is missing: name the EtcdCluster to create, e.g. example-etcd-cluster"
+    }
+]))]
 pub struct EtcdRestoreSpec {
     /// The EtcdCluster to create from the snapshot. It must not exist: the classic operator
     /// deleted and replaced an existing one, policy-host never deletes a cluster it did not
-    /// create, and refuses a name already taken.
+    /// create, and refuses a name already taken. Read when the restore starts: it cannot
+    /// change afterwards.
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == oldSelf",
+        "message": "spec.etcdCluster cannot change: the restore creates that cluster once; to restore into another, create another EtcdRestore"
+    }]))]
     pub etcd_cluster: EtcdClusterRef,
     /// Where the snapshot is: `S3` (any S3-compatible store). The classic `ABS`, `GCS` and
     /// `OSS` are refused with a condition that says so.

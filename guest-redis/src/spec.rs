@@ -77,10 +77,18 @@ pub struct RedisReplicationSpec {
     /// Number of Redis servers, the primary included (1..9): `3` is one primary and two
     /// replicas.
     #[serde(default = "default_replicas")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 1 && self <= 9",
+        "message": "spec.replicas must be 1 to 9 (the primary included)"
+    }]))]
     pub replicas: i32,
     /// Redis version (`7.0.15`); the image is `redis:<version>`. Read when a server's Pod is
     /// created.
     #[serde(default = "default_version")]
+    #[schemars(length(max = 32), extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[0-9]+[.][0-9]+[.][0-9]+$')",
+        "message": "spec.version must be a Redis version such as 7.0.15"
+    }]))]
     pub version: String,
 }
 

@@ -168,7 +168,7 @@ async fn live_view(clusters: &Api<DynamicObject>, pods: &Api<Pod>, name: &str) -
             ));
         }
     }
-    for member in status["members"].as_array().into_iter().flatten() {
+    for member in status["etcdMembers"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "\n  member {} id {} ready {}",
             text(&member["name"]),

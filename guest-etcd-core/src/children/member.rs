@@ -6,8 +6,9 @@ use serde_json::{Value, json};
 
 use super::object_store;
 use super::{
-    CLIENT_PORT, ClusterRef, DATA_MOUNT, ETCD_CONTAINER, LABEL_INSTANCE, LABEL_MANAGED_BY,
-    LABEL_MEMBER, LABEL_NAME, METRICS_PORT, PEER_PORT, RESTORE_CONTAINER, RESTORE_MOUNT, TLS_MOUNT,
+    CLIENT_PORT, ClusterRef, DATA_MOUNT, ETCD_CONTAINER, LABEL_CLASSIC_APP, LABEL_CLASSIC_CLUSTER,
+    LABEL_CLASSIC_NODE, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_MEMBER, LABEL_NAME, METRICS_PORT,
+    PEER_PORT, RESTORE_CONTAINER, RESTORE_MOUNT, TLS_MOUNT,
 };
 use crate::spec::{DEFAULT_MC_IMAGE, RestoreSpec, TlsSpec, ValidSpec};
 
@@ -345,6 +346,13 @@ pub fn with_image(
         if let Some(value) = observed["metadata"]["labels"].get(key) {
             labels[key] = value.clone();
         }
+    }
+    // The classic labels, also on a pod created before this plugin set them: labels may
+    // change on a running pod, and the upgrade is this plugin's one write to it.
+    if let Some(cluster) = observed["metadata"]["labels"].get(LABEL_INSTANCE) {
+        labels[LABEL_CLASSIC_APP] = json!("etcd");
+        labels[LABEL_CLASSIC_CLUSTER] = cluster.clone();
+        labels[LABEL_CLASSIC_NODE] = json!(name);
     }
     let mut metadata = json!({"name": name, "labels": labels});
     let annotations: serde_json::Map<String, Value> = spec_annotations

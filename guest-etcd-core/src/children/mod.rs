@@ -48,6 +48,14 @@ pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Label of member pods and claims: `etcd.database.coreos.com/member: <pod>`.
 pub const LABEL_MEMBER: &str = "etcd.database.coreos.com/member";
+/// The classic etcd-operator's label on every child but the backup pod: `app: etcd`. With
+/// [`LABEL_CLASSIC_CLUSTER`] it selects a cluster's members (and Services) as tools, network
+/// policies and monitors written for that operator do.
+pub const LABEL_CLASSIC_APP: &str = "app";
+/// The classic label `etcd_cluster: <cluster>`.
+pub const LABEL_CLASSIC_CLUSTER: &str = "etcd_cluster";
+/// The classic label of a member pod: `etcd_node: <pod>`.
+pub const LABEL_CLASSIC_NODE: &str = "etcd_node";
 /// The container that runs etcd in a member pod.
 pub const ETCD_CONTAINER: &str = "etcd";
 /// etcd's client port.
@@ -192,6 +200,8 @@ impl ClusterRef {
             LABEL_NAME: "etcd",
             LABEL_INSTANCE: self.name,
             LABEL_MANAGED_BY: "policy-host",
+            LABEL_CLASSIC_APP: "etcd",
+            LABEL_CLASSIC_CLUSTER: self.name,
         })
     }
 
@@ -202,6 +212,7 @@ impl ClusterRef {
     fn member_labels(&self, pod: &str) -> Value {
         let mut labels = self.labels();
         labels[LABEL_MEMBER] = json!(pod);
+        labels[LABEL_CLASSIC_NODE] = json!(pod);
         labels
     }
 }

@@ -314,6 +314,80 @@ fn services() {
     assert_eq!(pod_disruption_budget(&c, 3)["spec"]["minAvailable"], 2);
 }
 
+/// What tools, NetworkPolicies and ServiceMonitors written for the classic operator select:
+/// `app=etcd,etcd_cluster=<cluster>` on the members and the Services, `etcd_node=<pod>` on a
+/// member; never on the backup pod, which is no member.
+#[test]
+fn members_and_services_carry_the_classic_labels_and_the_backup_pod_does_not() {
+    let c = cluster();
+    let pod = member_pod(
+        &c,
+        &spec(false),
+        &MemberPod {
+            name: "ex-1".into(),
+            initial_cluster: vec![("ex-1".into(), c.peer_url("ex-1"))],
+            state: ClusterState::New,
+        },
+    );
+    let labels = &pod["metadata"]["labels"];
+    assert_eq!(labels["app"], "etcd", "{labels}");
+    assert_eq!(labels["etcd_cluster"], "ex", "{labels}");
+    assert_eq!(labels["etcd_node"], "ex-1", "{labels}");
+    assert_eq!(
+        labels[LABEL_INSTANCE], "ex",
+        "the current labels are kept: {labels}"
+    );
+    for service in [headless_service(&c), client_service(&c)] {
+        let labels = &service["metadata"]["labels"];
+        assert_eq!(labels["app"], "etcd", "{labels}");
+        assert_eq!(labels["etcd_cluster"], "ex", "{labels}");
+    }
+    let backup = backup_pod(
+        &c,
+        &spec(false),
+        "ex-0",
+        "ex-0.db",
+        &SnapshotCause::OnDemand("now".into()),
+    );
+    let labels = &backup["metadata"]["labels"];
+    assert!(
+        labels.get("app").is_none() && labels.get("etcd_cluster").is_none(),
+        "{labels}"
+    );
+}
+
+/// A pod made by an earlier version of the plugin, without the classic labels, gets them
+/// when it is next written (its upgrade).
+#[test]
+fn an_upgrade_gives_a_pod_made_before_the_classic_labels_those_labels() {
+    let c = cluster();
+    let mut pod = member_pod(
+        &c,
+        &spec(false),
+        &MemberPod {
+            name: "ex-0".into(),
+            initial_cluster: vec![("ex-0".into(), c.peer_url("ex-0"))],
+            state: ClusterState::New,
+        },
+    );
+    if let Some(labels) = pod["metadata"]["labels"].as_object_mut() {
+        for key in ["app", "etcd_cluster", "etcd_node"] {
+            labels.remove(key);
+        }
+    }
+    let upgraded = with_image(
+        &pod,
+        "repo:v3.6.17",
+        &Default::default(),
+        &Default::default(),
+    )
+    .expect("etcd container");
+    let labels = &upgraded["metadata"]["labels"];
+    assert_eq!(labels["app"], "etcd", "{labels}");
+    assert_eq!(labels["etcd_cluster"], "ex", "{labels}");
+    assert_eq!(labels["etcd_node"], "ex-0", "{labels}");
+}
+
 fn tls() -> TlsSpec {
     TlsSpec {
         peer_secret: "ex-peer".into(),

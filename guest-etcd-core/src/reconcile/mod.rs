@@ -124,7 +124,7 @@ fn read_parent(json: &str) -> Result<Parent, PolicyError> {
     // everything it records is observed again from the children and etcd.
     let status = object
         .status
-        .and_then(|s| serde_json::from_value(s).ok())
+        .and_then(EtcdClusterStatus::read)
         .unwrap_or_default();
     let tls = spec.as_ref().is_ok_and(|s| s.tls.is_some());
     Ok(Parent {
@@ -245,7 +245,7 @@ fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
         actions.push(Action::RecordEvent(Event {
             event_type: EventType::Warning,
             reason: "InvalidSpec".into(),
-            message,
+            message: message.clone(),
         }));
     }
     // Availability stays as last observed: nothing was checked, and the cluster (if any)
@@ -273,6 +273,7 @@ fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
     if status.cluster_id.is_none() {
         status.phase = Some(Phase::Failed);
     }
+    status.reason = (status.phase == Some(Phase::Failed)).then_some(message);
     status.observed_generation = parent.generation;
     actions.push(Action::SetStatus(
         serde_json::to_value(&status).unwrap_or(Value::Null),

@@ -10,7 +10,7 @@ use crate::spec::{MemberStatus, RestoreSpec, Version};
 impl Step<'_> {
     /// etcd did not answer: only what is safe without its member list.
     pub(super) fn unreachable(&mut self) -> Outcome {
-        let recorded = self.observed.cluster_id.is_some() || !self.observed.members.is_empty();
+        let recorded = self.observed.cluster_id.is_some() || !self.observed.etcd_members.is_empty();
         let live_pods = self.children.pods.iter().filter(|p| !p.is_gone()).count();
         if !recorded {
             if self.children.pods.is_empty() {
@@ -76,7 +76,7 @@ impl Step<'_> {
         if self.spec.storage.is_none() {
             let voters: Vec<&MemberStatus> = self
                 .observed
-                .members
+                .etcd_members
                 .iter()
                 .filter(|m| !m.learner)
                 .collect();
@@ -94,7 +94,7 @@ impl Step<'_> {
         // quorum survives, so nothing is created here.
         let recorded_members: Vec<String> = self
             .observed
-            .members
+            .etcd_members
             .iter()
             .map(|m| m.name.clone())
             .collect();

@@ -8,9 +8,9 @@ use super::{
     AVAILABLE, DEGRADED, IGNORED_FIELDS, Outcome, PAUSED, PROGRESSING, Parent, REQUEUE_ADDING_MS,
     REQUEUE_PROGRESSING_MS, REQUEUE_STEADY_MS, Step,
 };
-use crate::children::quorum;
+use crate::children::{CLIENT_PORT, ClusterRef, quorum};
 use crate::protocol::{Action, Decision, EventType, Timestamp};
-use crate::spec::{MemberStatus, Phase};
+use crate::spec::{ClassicMembers, MemberStatus, Phase};
 
 /// The `Paused` condition's message while `spec.paused` holds.
 pub(super) const PAUSED_MESSAGE: &str = "spec.paused is true: no member is added, removed, replaced or upgraded and no child is written; set spec.paused to false to resume";
@@ -30,7 +30,7 @@ impl Step<'_> {
         let available: Condition;
         match &outcome {
             Outcome::Reachable { list, version } => {
-                status.members = list
+                status.etcd_members = list
                     .members
                     .iter()
                     .map(|m| {
@@ -51,7 +51,7 @@ impl Step<'_> {
                     status.current_version = Some(version.clone());
                 }
                 let voters: Vec<&MemberStatus> =
-                    status.members.iter().filter(|m| !m.learner).collect();
+                    status.etcd_members.iter().filter(|m| !m.learner).collect();
                 let ready_voters = voters.iter().filter(|m| m.ready).count();
                 available = if !voters.is_empty() && ready_voters >= quorum(voters.len()) {
                     Condition::new(
@@ -70,15 +70,12 @@ impl Step<'_> {
                 };
             }
             Outcome::Unreachable { why } => {
-                for member in &mut status.members {
+                for member in &mut status.etcd_members {
                     member.ready = pod_ready(&member.name);
                 }
                 available = Condition::new(AVAILABLE, false, "EtcdUnreachable", why.clone());
             }
         }
-        let ready_count = status.members.iter().filter(|m| m.ready).count();
-        status.ready = Some(format!("{ready_count}/{size}"));
-        status.target_version = Some(self.spec.version.text.clone());
         status.observed_generation = parent.generation;
         if let Some(backup) = self.backup_status.take() {
             status.backup = Some(backup);
@@ -88,10 +85,17 @@ impl Step<'_> {
         }
         if let Some(snapshot) = self.restart_from.take() {
             status.cluster_id = None;
-            status.members.clear();
+            status.etcd_members.clear();
             status.size = None;
             status.restoring = Some(snapshot);
         }
+        status.members = classic_members(self.cluster, &status.etcd_members);
+        status.ready = Some(format!("{}/{size}", status.members.ready.len()));
+        let target = &self.spec.version.text;
+        status.target_version =
+            (status.current_version.as_ref() != Some(target)).then(|| target.clone());
+        status.service_name = Some(self.cluster.client_service_name());
+        status.client_port = Some(i64::from(CLIENT_PORT));
 
         let paused = self.spec.paused;
         if paused {
@@ -185,6 +189,8 @@ impl Step<'_> {
         } else {
             Phase::Running
         });
+        status.control_paused = paused;
+        status.reason = (status.phase == Some(Phase::Failed)).then(|| degraded.message.clone());
         for condition in [available, progressing, degraded]
             .into_iter()
             .chain(paused_condition)
@@ -220,5 +226,20 @@ impl Step<'_> {
                     .map_or(requeue, |due| due.min(requeue)),
             ),
         }
+    }
+}
+
+/// The classic `status.members`: the pod names of voting members that serve requests (etcd
+/// started, pod Ready) and of every other member, each in member order (`ex-2` before
+/// `ex-10`). A learner is unready until promoted: it serves no client request.
+fn classic_members(cluster: &ClusterRef, members: &[MemberStatus]) -> ClassicMembers {
+    let mut named: Vec<&MemberStatus> = members.iter().filter(|m| !m.name.is_empty()).collect();
+    named.sort_by_key(|m| (cluster.member_index(&m.name).unwrap_or(usize::MAX), &m.name));
+    let (ready, unready): (Vec<&MemberStatus>, Vec<&MemberStatus>) =
+        named.into_iter().partition(|m| m.ready && !m.learner);
+    let names = |list: Vec<&MemberStatus>| list.into_iter().map(|m| m.name.clone()).collect();
+    ClassicMembers {
+        ready: names(ready),
+        unready: names(unready),
     }
 }

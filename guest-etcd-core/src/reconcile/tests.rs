@@ -509,7 +509,7 @@ fn with_storage(size: i64) -> Value {
 fn recorded(members: &[&str]) -> Value {
     json!({
         "clusterID": "777",
-        "members": members.iter().enumerate().map(|(i, m)| json!({"name": m, "id": (i + 1).to_string(), "ready": true, "learner": false})).collect::<Vec<_>>(),
+        "etcdMembers": members.iter().enumerate().map(|(i, m)| json!({"name": m, "id": (i + 1).to_string(), "ready": true, "learner": false})).collect::<Vec<_>>(),
     })
 }
 
@@ -712,7 +712,7 @@ fn rows() -> Vec<Row> {
                 assert_eq!(s.status["clusterID"], "777");
                 assert_eq!(s.status["currentVersion"], "3.6.16");
                 assert_eq!(
-                    s.status["members"][1],
+                    s.status["etcdMembers"][1],
                     json!({"name": "ex-1", "id": "100", "ready": false, "learner": true})
                 );
             },
@@ -766,7 +766,7 @@ fn rows() -> Vec<Row> {
             phase: "Scaling",
             requeue: Some(REQUEUE_ADDING_MS),
             check: |d, _| {
-                assert_eq!(summarize(d).status["members"][1]["learner"], false);
+                assert_eq!(summarize(d).status["etcdMembers"][1]["learner"], false);
             },
         },
         Row {
@@ -1222,7 +1222,7 @@ fn rows() -> Vec<Row> {
             check: |d, etcd| {
                 assert_eq!(etcd.members.len(), 2);
                 assert_eq!(
-                    summarize(d).status["members"].as_array().map(Vec::len),
+                    summarize(d).status["etcdMembers"].as_array().map(Vec::len),
                     Some(2)
                 );
             },
@@ -2175,7 +2175,8 @@ fn rows() -> Vec<Row> {
                 let status = summarize(d).status;
                 assert_eq!(status["restoring"], "ex-0.db", "{status}");
                 assert!(status.get("clusterID").is_none(), "{status}");
-                assert!(status.get("members").is_none(), "{status}");
+                assert!(status.get("etcdMembers").is_none(), "{status}");
+                assert_eq!(status["members"], json!({}), "{status}");
                 assert_eq!(status["backup"]["lastSnapshot"], "ex-0.db");
             },
         },

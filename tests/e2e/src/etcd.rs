@@ -272,7 +272,7 @@ impl EtcdFixture {
                 let status = &cluster["status"];
                 if status["ready"] != json!(format!("{size}/{size}"))
                     || status["phase"] != json!("Running")
-                    || status["members"].as_array().map(Vec::len) != Some(size)
+                    || status["etcdMembers"].as_array().map(Vec::len) != Some(size)
                 {
                     return Err(format!("status: {status}"));
                 }

@@ -1,6 +1,7 @@
 //! Rows for the classic etcd-operator's fields: each mapped onto a member pod or storage,
 //! refused with what to do, or accepted and named in the `IgnoredFields` condition — never
-//! dropped silently.
+//! dropped silently; and for its status, as tools written for it read it (`members.ready`,
+//! `serviceName`, `controlPaused`, `reason`, `targetVersion`).
 
 use super::*;
 
@@ -232,6 +233,204 @@ pub(super) fn rows() -> Vec<Row> {
                 for field in ["busyboxImage", "DNSTimeoutInSecond", "ClusterDomain"] {
                     assert!(message.contains(field), "{message}");
                 }
+            },
+        },
+        Row {
+            name: "a steady cluster reports the classic status: ready members by pod name, the client Service and port, no target version",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(3, "ex-2"), voter(1, "ex-0"), voter(2, "ex-1")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Running",
+            requeue: Some(REQUEUE_STEADY_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(
+                    status["members"],
+                    json!({"ready": ["ex-0", "ex-1", "ex-2"]}),
+                    "{status}"
+                );
+                assert_eq!(status["serviceName"], "ex-client");
+                assert_eq!(status["clientPort"], 2379);
+                assert_eq!(status["currentVersion"], "3.6.16");
+                for absent in ["targetVersion", "reason", "controlPaused"] {
+                    assert!(status.get(absent).is_none(), "{absent}: {status}");
+                }
+                assert_eq!(
+                    status["etcdMembers"][0],
+                    json!({"name": "ex-2", "id": "3", "ready": true, "learner": false}),
+                    "etcd's own list keeps its IDs and roles"
+                );
+            },
+        },
+        Row {
+            name: "a learner still catching up is a classic unready member, not a ready one",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0"])),
+                vec![serial(ready("ex-0")), serial(ready("ex-1"))],
+            ),
+            etcd: FakeEtcd {
+                promote_refused: true,
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), learner(2, "ex-1")])
+            },
+            changes: &["promote 2"],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_ADDING_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(
+                    status["members"],
+                    json!({"ready": ["ex-0"], "unready": ["ex-1"]}),
+                    "{status}"
+                );
+                assert_eq!(status["ready"], "1/3");
+            },
+        },
+        Row {
+            name: "a member whose pod is not Ready is a classic unready member",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), starting("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_PROGRESSING_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(
+                    status["members"],
+                    json!({"ready": ["ex-0", "ex-2"], "unready": ["ex-1"]}),
+                    "{status}"
+                );
+            },
+        },
+        Row {
+            name: "an upgrade in progress reports the version it upgrades to as targetVersion",
+            observation: observation(
+                spec(3),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![
+                    on_image(ready("ex-0"), OLD),
+                    on_image(ready("ex-1"), OLD),
+                    on_image(ready("ex-2"), OLD),
+                ],
+            ),
+            etcd: FakeEtcd {
+                version: "3.5.21",
+                ..FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")])
+            },
+            changes: &[],
+            applied: &["Pod/ex-1"],
+            deleted: &[],
+            events: &["Normal/MemberUpgrading"],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_PROGRESSING_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["currentVersion"], "3.5.21", "{status}");
+                assert_eq!(status["targetVersion"], "3.6.16", "{status}");
+            },
+        },
+        Row {
+            name: "a paused cluster says controlPaused, as the classic operator did",
+            observation: observation(
+                json!({"size": 3, "version": "3.6.16", "paused": true}),
+                Some(recorded(&["ex-0", "ex-1", "ex-2"])),
+                vec![ready("ex-0"), ready("ex-1"), ready("ex-2")],
+            ),
+            etcd: FakeEtcd::with(vec![voter(1, "ex-0"), voter(2, "ex-1"), voter(3, "ex-2")]),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Normal/Paused"],
+            phase: "Paused",
+            requeue: Some(REQUEUE_STEADY_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(status["controlPaused"], true, "{status}");
+                assert_eq!(
+                    status["members"]["ready"],
+                    json!(["ex-0", "ex-1", "ex-2"]),
+                    "{status}"
+                );
+            },
+        },
+        Row {
+            name: "a spec refused before the cluster existed says why in the classic reason",
+            observation: observation(spec(0), None, vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/InvalidSpec"],
+            phase: "Failed",
+            requeue: None,
+            check: |d, _| {
+                let status = summarize(d).status;
+                let reason = status["reason"].as_str().unwrap_or_default();
+                assert!(reason.starts_with("spec.size is 0"), "{status}");
+            },
+        },
+        Row {
+            name: "every member lost for good says why in the classic reason",
+            observation: observation(spec(3), Some(recorded(&["ex-0", "ex-1", "ex-2"])), vec![]),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[],
+            deleted: &[],
+            events: &["Warning/ClusterLost"],
+            phase: "Failed",
+            requeue: Some(REQUEUE_STEADY_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                let degraded = condition(&status, "Degraded").cloned().unwrap_or_default();
+                assert_eq!(status["reason"], degraded["message"], "{status}");
+            },
+        },
+        Row {
+            name: "a status written before etcdMembers (members as a list) still names the members to recover",
+            observation: observation(
+                with_storage(2),
+                Some(json!({"clusterID": "777", "members": [
+                    {"name": "ex-0", "id": "1", "ready": true, "learner": false},
+                    {"name": "ex-1", "id": "2", "ready": true, "learner": false}]})),
+                vec![claim("data-ex-0"), claim("data-ex-1")],
+            ),
+            etcd: FakeEtcd::default(),
+            changes: &[],
+            applied: &[
+                "PersistentVolumeClaim/data-ex-0",
+                "Pod/ex-0",
+                "PersistentVolumeClaim/data-ex-1",
+                "Pod/ex-1",
+            ],
+            deleted: &[],
+            events: &[],
+            phase: "Scaling",
+            requeue: Some(REQUEUE_PROGRESSING_MS),
+            check: |d, _| {
+                let status = summarize(d).status;
+                assert_eq!(
+                    status["members"],
+                    json!({"unready": ["ex-0", "ex-1"]}),
+                    "{status}"
+                );
+                assert_eq!(status["etcdMembers"].as_array().map(Vec::len), Some(2));
             },
         },
     ]

@@ -76,7 +76,7 @@ pub(super) fn rows() -> Vec<Row> {
                 touches_nothing(d, etcd);
                 let status = summarize(d).status;
                 assert_eq!(status["ready"], "3/5", "{status}");
-                assert_eq!(status["members"].as_array().map(Vec::len), Some(3));
+                assert_eq!(status["etcdMembers"].as_array().map(Vec::len), Some(3));
                 assert_eq!(
                     condition(&status, "Available").map(|c| c["status"].clone()),
                     Some(json!("True")),

@@ -152,7 +152,7 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
         applied.elapsed().as_secs_f64()
     );
     assert_eq!(
-        status["members"].as_array().map(Vec::len),
+        status["etcdMembers"].as_array().map(Vec::len),
         Some(3),
         "{status}"
     );

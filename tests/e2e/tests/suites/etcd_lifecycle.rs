@@ -249,7 +249,7 @@ impl Fixture {
                 if status["ready"] != json!(ready)
                     || status["phase"] != json!("Running")
                     || status["observedGeneration"] != cluster["metadata"]["generation"]
-                    || status["members"].as_array().map(Vec::len) != Some(size)
+                    || status["etcdMembers"].as_array().map(Vec::len) != Some(size)
                 {
                     return Err(format!("status: {status}"));
                 }

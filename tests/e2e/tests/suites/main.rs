@@ -3,7 +3,7 @@
 //! (`--test-threads`), each test in its own namespace, deleted when the test ends.
 //!
 //! Why one binary: each test binary starts its own control plane and node (13–15 s) and links
-//! the host, kube and wasmtime again; one binary for 23 suites takes minutes off every CI run
+//! the host, kube and wasmtime again; one binary for 25 suites takes minutes off every CI run
 //! (BENCHMARKS.md). A suite that changes what every namespace sees (a CRD deleted, a host
 //! installed cluster-wide) stays a binary of its own in `tests/e2e/tests/`: `finalizer_crd`,
 //! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run, and the
@@ -11,10 +11,12 @@
 
 mod bounded_caches;
 mod controller_safety;
+mod crd_validation;
 mod etcd_backup;
 mod etcd_backup_restore;
 mod etcd_chaos;
 mod etcd_classic;
+mod etcd_classic_suite;
 mod etcd_cluster;
 mod etcd_lifecycle;
 mod etcd_maintenance;
