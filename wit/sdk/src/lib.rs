@@ -42,7 +42,9 @@
 //! - [`contract`] — plain-Rust mirrors of the WIT types, with small constructors.
 //! - [`observation`] — the parent and children as your own types.
 //! - [`pods`] — observed Pods: phase, readiness, deletion, containers' images and restarts.
-//! - [`children`] — kind references of built-in kinds and child object skeletons.
+//! - [`children`] — kind references of built-in kinds, child object skeletons, and builders
+//!   of the Pod, Service, PersistentVolumeClaim and PodDisruptionBudget of a stateful app.
+//! - [`desired`] — the children wanted now, as applies plus deletes of the owned rest.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
 //! - [`names`] — whether the child names derived from the parent's name are valid.
 //! - [`app_call`] — the client for the one way out of the sandbox.
@@ -60,6 +62,7 @@ pub mod app_call;
 pub mod children;
 pub mod conditions;
 pub mod contract;
+pub mod desired;
 pub mod exchange;
 pub mod log;
 pub mod names;
@@ -91,6 +94,7 @@ pub mod prelude {
         FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
         TlsClient,
     };
+    pub use crate::desired::Desired;
     pub use crate::session::{Session, frames};
 }
 
