@@ -100,14 +100,21 @@ enum Command {
         plugin: PathBuf,
     },
     /// Run a plugin's reconcile loop against an in-memory model of its parent and children,
-    /// with no cluster, printing each decision; app-calls are answered from --responses.
-    /// Exits 0 once a decision changes nothing (converged), 1 on a refusal or if --steps run out.
+    /// with no cluster, printing each decision; app-calls and sessions are answered from
+    /// --responses. Exits 0 once a decision changes nothing (converged), 1 on a refusal or if
+    /// --steps run out.
     ///
-    /// The responder file (YAML), one row per pod and path (method and body are not matched;
-    /// pod `*` is every pod):
+    /// The responder file (YAML), app-calls one row per pod and path (method and body are not
+    /// matched; pod `*` is every pod), sessions one row per round (the bytes sent since the
+    /// last read, none when the server speaks first, and the reply; `sendHex`/`replyHex` for
+    /// binary protocols; without `port`, any port):
     ///   appCalls:
     ///     - { pod: "*", path: /health, status: 200, body: '{"health":"true"}' }
     ///     - { pod: example-2, path: /health, error: unreachable }
+    ///   sessions:
+    ///     - { pod: db-0, port: admin, reply: "HELLO 42\n" }
+    ///     - { pod: db-0, port: admin, send: "AUTH x\n", reply: "OK\n" }
+    ///     - { pod: db-1, port: admin, error: unreachable }
     #[command(verbatim_doc_comment)]
     Simulate {
         /// The plugin component (.wasm).
@@ -115,7 +122,8 @@ enum Command {
         /// The parent custom resource (YAML or JSON).
         #[arg(long)]
         cr: PathBuf,
-        /// Scripted answers to app-calls (YAML); without it every app-call is unreachable.
+        /// Scripted answers to app-calls and sessions (YAML); without it every app-call and
+        /// session is unreachable.
         #[arg(long)]
         responses: Option<PathBuf>,
         /// Stop after this many decisions.

@@ -56,3 +56,32 @@ fn the_shard_can_come_from_the_environment() {
         "{stderr}"
     );
 }
+
+/// `policy-host validate` on a component that imports an `async` function (hand-made: no
+/// toolchain here builds one) refuses it and names the build flags of a synchronous one.
+#[test]
+fn validate_refuses_a_component_that_needs_async_and_names_the_synchronous_build() {
+    let mut types = wasm_encoder::ComponentTypeSection::new();
+    types
+        .function()
+        .async_(true)
+        .params::<_, wasm_encoder::ComponentValType>([])
+        .result(None);
+    let mut imports = wasm_encoder::ComponentImportSection::new();
+    imports.import("run", wasm_encoder::ComponentTypeRef::Func(0));
+    let mut component = wasm_encoder::Component::new();
+    component.section(&types).section(&imports);
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("async-plugin.wasm");
+    std::fs::write(&path, component.finish()).expect("temp file writable");
+    let output = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .expect("the policy-host binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "an async component validated");
+    assert!(
+        stderr.contains("needs component-model async") && stderr.contains("--target wasm32-wasip2"),
+        "{stderr}"
+    );
+}

@@ -1,7 +1,8 @@
 //! The authoring path, end to end: `cargo xtask new-plugin` (its code, included below) turns
 //! `wit/sdk/template` into a new plugin crate outside the workspace, which passes its own
-//! native tests, builds for `wasm32-wasip2`, loads in the sandbox with the description it
-//! declared, decides, and packs with `policy-host pack`.
+//! native tests (its session against the SDK's fake among them), builds for `wasm32-wasip2`,
+//! loads in the sandbox with the description it declared, decides, packs with `policy-host
+//! pack`, and simulates with the responder file its tests read.
 //!
 //! The plugin builds with its own target directory (`target/template-test`), so it neither
 //! waits for nor invalidates the workspace's builds; the first run compiles the SDK's
@@ -84,7 +85,7 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
     assert_eq!(info.target.group, "hello-world.example.com");
     assert_eq!(info.target.plural, "helloworlds");
     let children: Vec<&str> = info.children.iter().map(|k| k.kind.as_str()).collect();
-    assert_eq!(children, ["ConfigMap"]);
+    assert_eq!(children, ["ConfigMap", "Pod"]);
 
     // Decides through the real contract: its ConfigMap, then its status.
     let observation = Observation {
@@ -147,10 +148,13 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
         "the pack pins sha256 {sha}: {data:?}"
     );
 
-    // Simulates offline with the host's CLI: its example converges (ConfigMap, then Ready).
+    // Simulates offline with the host's CLI: its example converges (ConfigMap and app Pod, then
+    // Ready once the Pod answers its session from the responder file the native tests read).
     let simulated = Command::new(env!("CARGO_BIN_EXE_policy-host"))
         .args(["simulate", "--json", "--cr"])
         .arg(dir.join("example.yaml"))
+        .arg("--responses")
+        .arg(dir.join("responses.json"))
         .arg(&wasm)
         .output()
         .expect("policy-host simulate runs");
@@ -165,8 +169,15 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
         .map(|line| serde_json::from_str(line).expect("one JSON step per line"))
         .collect();
     assert_eq!(steps[0]["actions"][0], "create ConfigMap demo-config");
+    assert_eq!(steps[0]["actions"][1], "create Pod demo-0");
     let ready = |step: &serde_json::Value| step["status"]["conditions"][0]["status"] == "True";
     assert!(!ready(&steps[0]), "not Ready before the ConfigMap is seen");
+    assert!(
+        steps
+            .iter()
+            .any(|s| s["sessions"][0] == "demo-0:app sent 6 bytes, got 7 bytes"),
+        "the Pod was asked over a session: {steps:?}"
+    );
     assert!(steps.iter().any(ready), "Ready once it is: {steps:?}");
     assert_eq!(
         steps.last().map(|s| s["converged"].clone()),

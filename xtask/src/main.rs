@@ -255,6 +255,7 @@ fn plugins() -> anyhow::Result<()> {
         "guest-etcd-restore",
         "guest-redis",
         "misbehaving-policy",
+        "session-toy-policy",
     ] {
         let path = policy_host_test_plugins::build(plugin).map_err(|e| anyhow::anyhow!("{e}"))?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

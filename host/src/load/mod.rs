@@ -5,9 +5,11 @@
 //!
 //! 1. decode the pack ([`pack`]: gzip, sha256 pin, grants, limits, mode) — ConfigMaps only;
 //! 2. check the bytes are a component, not a core module or something else;
-//! 3. compile, through the [`artifact_cache`] when one is configured;
+//! 3. compile, through the [`artifact_cache`] when one is configured; a component that needs
+//!    component-model async is refused by name, with the build flags that make a synchronous one;
 //! 4. check the component speaks a contract version this host serves (a plugin built against a
-//!    newer `policy-host:policy` is refused by name, not by a linker error);
+//!    newer `policy-host:policy` is refused by name, not by a linker error) and imports no WASI
+//!    0.3 interface;
 //! 5. pre-instantiate against the host's imports (a wrong world fails here) and read
 //!    `describe()`.
 //!
@@ -78,6 +80,17 @@ pub enum LoadError {
         /// What wasmtime said.
         message: String,
     },
+    /// The component needs component-model async (an `async` function, a `stream` or `future`,
+    /// a WASI 0.3 world), which this host does not run.
+    #[error(
+        "plugin {source_name} needs component-model async, which this host does not run ({what}): plugins are synchronous components of WASI 0.2. {SYNCHRONOUS_BUILD}"
+    )]
+    NeedsAsync {
+        /// Where the bytes came from.
+        source_name: String,
+        /// What in the component needs it.
+        what: String,
+    },
     /// The component is not of world `policy-plugin`.
     #[error(
         "plugin {source_name} is a component of the wrong world: {message}; it must implement world `policy-plugin` of wit/policy.wit ({CONTRACT_PACKAGE}@{CONTRACT_VERSION})"
@@ -132,6 +145,7 @@ impl LoadError {
             LoadError::Pack(e) => e.reason(),
             LoadError::NotWasm { .. } | LoadError::CoreModule { .. } => "PluginNotAComponent",
             LoadError::Compile { .. } => "PluginInvalid",
+            LoadError::NeedsAsync { .. } => "PluginNeedsAsync",
             LoadError::WrongWorld { .. } => "PluginWrongWorld",
             LoadError::TooNewContract { .. } => "PluginContractTooNew",
             LoadError::UnsupportedContract { .. } => "PluginContractUnsupported",
@@ -139,6 +153,33 @@ impl LoadError {
             LoadError::BadName { .. } => "PluginNameInvalid",
         }
     }
+}
+
+/// How to build a synchronous component, for the refusal of an async one. WASI 0.3 and
+/// component-model async came with wasmtime 46 and Rust's `wasm32-wasip3` target; a toolchain
+/// whose default moved there builds what this host refuses.
+pub const SYNCHRONOUS_BUILD: &str = "Build it for `--target wasm32-wasip2` (not wasm32-wasip3), without wit-bindgen's `async` option, against wit/policy.wit; other toolchains: target WASI 0.2 (`wasi:cli@0.2`) with component-model async off";
+
+/// Why wasmtime's compile error means the component needs component-model async, if it does:
+/// its validator names the feature in the message (`async component functions require the
+/// component model async feature`, `` `stream` requires ... ``).
+fn needs_async(message: &str) -> bool {
+    message.contains("component model async")
+}
+
+/// The first WASI 0.3 import of a compiled component, if any: the world of an async toolchain,
+/// which this host's WASI 0.2 linker cannot satisfy.
+fn wasi_0_3_import(engine: &Engine, component: &Component) -> Option<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .find(|name| {
+            name.starts_with("wasi:")
+                && name
+                    .split_once('@')
+                    .is_some_and(|(_, version)| version.starts_with("0.3"))
+        })
 }
 
 /// Compiles, checks and describes plugins. Cheap to clone.
@@ -180,9 +221,16 @@ impl PluginLoader {
         let (component, outcome) = match compiled {
             Ok(Ok(compiled)) => compiled,
             Ok(Err(error)) => {
+                let message = format!("{error:#}");
+                if needs_async(&message) {
+                    return Err(LoadError::NeedsAsync {
+                        source_name: source_name.to_string(),
+                        what: message,
+                    });
+                }
                 return Err(LoadError::Compile {
                     source_name: source_name.to_string(),
-                    message: format!("{error:#}"),
+                    message,
                 });
             }
             Err(join) => {
@@ -192,6 +240,12 @@ impl PluginLoader {
                 });
             }
         };
+        if let Some(import) = wasi_0_3_import(self.sandbox.engine(), &component) {
+            return Err(LoadError::NeedsAsync {
+                source_name: source_name.to_string(),
+                what: format!("it imports `{import}`, a WASI 0.3 interface"),
+            });
+        }
         check_contract(source_name, self.sandbox.engine(), &component)?;
         let plugin = self
             .sandbox
@@ -427,6 +481,81 @@ mod tests {
         }
         assert!(is_valid_plugin_name(&"a".repeat(63)));
         assert!(!is_valid_plugin_name(&"a".repeat(64)));
+    }
+
+    /// Hand-made components of the two shapes an async toolchain builds (no such toolchain is
+    /// installed here): one that imports an `async` function, one that imports a WASI 0.3
+    /// interface.
+    mod async_components {
+        use wasm_encoder::{
+            Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, InstanceType,
+        };
+
+        /// `(component (import "run" (func async)))`.
+        pub fn importing_an_async_function() -> Vec<u8> {
+            let mut types = ComponentTypeSection::new();
+            types
+                .function()
+                .async_(true)
+                .params::<_, wasm_encoder::ComponentValType>([])
+                .result(None);
+            let mut imports = ComponentImportSection::new();
+            imports.import("run", ComponentTypeRef::Func(0));
+            let mut component = Component::new();
+            component.section(&types).section(&imports);
+            component.finish()
+        }
+
+        /// `(component (import "wasi:cli/environment@0.3.0" (instance)))`.
+        pub fn importing_wasi_0_3() -> Vec<u8> {
+            let mut types = ComponentTypeSection::new();
+            types.instance(&InstanceType::new());
+            let mut imports = ComponentImportSection::new();
+            imports.import("wasi:cli/environment@0.3.0", ComponentTypeRef::Instance(0));
+            let mut component = Component::new();
+            component.section(&types).section(&imports);
+            component.finish()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_component_that_needs_async_is_refused_with_the_flags_of_a_synchronous_build() {
+        let loader = PluginLoader::new(Sandbox::new().expect("sandbox"), None);
+        // (situation, component, what the refusal names)
+        let rows = [
+            (
+                "an async function",
+                async_components::importing_an_async_function(),
+                "async component functions",
+            ),
+            (
+                "a WASI 0.3 world",
+                async_components::importing_wasi_0_3(),
+                "wasi:cli/environment@0.3.0",
+            ),
+        ];
+        for (situation, bytes, names) in rows {
+            let sha = pack::sha256_hex(&bytes);
+            let refused = loader
+                .load("async.wasm", &bytes, &sha, Limits::default())
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{situation}: loaded"));
+            assert!(
+                matches!(refused, LoadError::NeedsAsync { .. }),
+                "{situation}: {refused}"
+            );
+            assert_eq!(refused.reason(), "PluginNeedsAsync", "{situation}");
+            let message = refused.to_string();
+            for fragment in [
+                names,
+                "component-model async",
+                "--target wasm32-wasip2",
+                "`async` option",
+            ] {
+                assert!(message.contains(fragment), "{situation}: {message}");
+            }
+        }
     }
 
     #[test]

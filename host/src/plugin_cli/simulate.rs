@@ -1,5 +1,6 @@
 //! `policy-host simulate`: a plugin's reconcile loop against an in-memory model of its parent
-//! and children, app-calls answered from a scripted responder file, each decision printed —
+//! and children, app-calls and sessions answered from a scripted responder file, each decision
+//! printed —
 //! so a plugin author sees, with no cluster, what the host would do step by step.
 //!
 //! The model is deliberately small (it is a model, not an API server): an applied child replaces
@@ -16,9 +17,10 @@ use serde_json::{Value, json};
 
 use super::CliError;
 use crate::act::{AppliedObject, POLICY_LABEL};
-use crate::capability::replay::AppCallScript;
+use crate::capability::replay::{AppCallScript, ExchangeRound};
 use crate::capability::scope::AppCallScope;
 use crate::contract::app_call::{CallError, Method, Response};
+use crate::contract::exchange::ExchangeError;
 use crate::contract::{Action, Child, EventType, KindRef, Observation, Timestamp};
 use crate::decide::Plugin;
 
@@ -42,17 +44,154 @@ pub struct SimulateRequest {
     pub json: bool,
 }
 
-/// The responder file: canned answers to app-calls, by pod and path.
-#[derive(Clone, Debug, Default, Deserialize)]
+/// The responder file: canned answers to app-calls, by pod and path, and to sessions, by
+/// round. The SDK's fake app (`ScriptedAppCall::from_responses`) reads the same file, so one
+/// script serves a plugin's native tests and its simulation.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Responses {
     /// One row per pod and path; the last row for a pod and path wins.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub app_calls: Vec<ResponseRow>,
+    /// One row per round of a session (the `exchange` interface), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<SessionRow>,
+}
+
+/// One round of a session: the bytes the plugin sent since it last read on a connection (none
+/// when the server speaks first), and the app's reply, as text or hex. The host's recordings
+/// of live sessions write themselves as these rows ([`SessionRow::from_round`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRow {
+    /// The pod's name, or `*` for every pod in the model.
+    pub pod: String,
+    /// The port as the plugin names it; absent answers on any port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
+    /// The bytes sent, as UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<String>,
+    /// The bytes sent, as hexadecimal (for binary protocols).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_hex: Option<String>,
+    /// The reply, as UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// The reply, as hexadecimal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_hex: Option<String>,
+    /// Instead of a reply: `unreachable`, `timeout`, `refused` or `closed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl SessionRow {
+    /// The row of a recorded round: bytes as text when they are printable UTF-8, else as hex.
+    pub fn from_round(round: &ExchangeRound) -> SessionRow {
+        let (send, send_hex) = text_or_hex(&round.request);
+        let mut row = SessionRow {
+            pod: round.pod.clone(),
+            port: round.port.clone(),
+            send,
+            send_hex,
+            ..SessionRow::default()
+        };
+        match &round.reply {
+            Ok(reply) => (row.reply, row.reply_hex) = text_or_hex(reply),
+            Err(error) => {
+                row.error = Some(
+                    match error {
+                        ExchangeError::Unreachable(_) => "unreachable",
+                        ExchangeError::Timeout => "timeout",
+                        ExchangeError::Refused(_) => "refused",
+                        ExchangeError::Closed => "closed",
+                    }
+                    .to_owned(),
+                )
+            }
+        }
+        row
+    }
+
+    fn round(&self, pod: &str) -> Result<ExchangeRound, String> {
+        let whose = format!(
+            "session row for pod `{}` port `{}`",
+            self.pod,
+            self.port.as_deref().unwrap_or("*")
+        );
+        let request = bytes_of(&self.send, &self.send_hex, &whose, "send")?;
+        let reply = match self.error.as_deref() {
+            None => Ok(bytes_of(&self.reply, &self.reply_hex, &whose, "reply")?),
+            Some("unreachable") => Err(ExchangeError::Unreachable("scripted: unreachable".into())),
+            Some("timeout") => Err(ExchangeError::Timeout),
+            Some("refused") => Err(ExchangeError::Refused("scripted: refused".into())),
+            Some("closed") => Err(ExchangeError::Closed),
+            Some(other) => {
+                return Err(format!(
+                    "{whose}: error `{other}` is not one of unreachable, timeout, refused, closed"
+                ));
+            }
+        };
+        Ok(ExchangeRound {
+            pod: pod.to_owned(),
+            port: self.port.clone(),
+            request,
+            reply,
+        })
+    }
+}
+
+/// Bytes as a row writes them: printable UTF-8 as text, anything else as hex.
+fn text_or_hex(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    if bytes.is_empty() {
+        return (None, None);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text)
+            if !text
+                .chars()
+                .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t')) =>
+        {
+            (Some(text.to_owned()), None)
+        }
+        _ => (
+            None,
+            Some(bytes.iter().map(|b| format!("{b:02x}")).collect()),
+        ),
+    }
+}
+
+/// The bytes a row gives as text or as hex (not both); none is no bytes.
+fn bytes_of(
+    text: &Option<String>,
+    hex: &Option<String>,
+    whose: &str,
+    field: &str,
+) -> Result<Vec<u8>, String> {
+    match (text, hex) {
+        (Some(_), Some(_)) => Err(format!("{whose}: give `{field}` or `{field}Hex`, not both")),
+        (Some(text), None) => Ok(text.as_bytes().to_vec()),
+        (None, Some(hex)) => from_hex(hex).ok_or_else(|| {
+            format!("{whose}: `{field}Hex` is not hexadecimal bytes (two digits per byte)")
+        }),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 /// One canned answer. Method and body of the request are not matched.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResponseRow {
     /// The pod's name, or `*` for every pod in the model.
@@ -106,8 +245,10 @@ pub struct Step {
     pub now: String,
     /// Children in the observation.
     pub children: usize,
-    /// The app-calls the plugin made: `GET /health on example-0 → 200`.
+    /// The app-calls the plugin made: `GET /health on example-0:http`.
     pub app_calls: Vec<String>,
+    /// The session rounds the plugin made: `db-0:admin sent 12 bytes, got 3 bytes`.
+    pub sessions: Vec<String>,
     /// The decision's actions, one line each, or the refusal.
     pub actions: Vec<String>,
     /// The parent's status after the step, when it changed.
@@ -296,10 +437,10 @@ impl Model {
         }
     }
 
-    fn script(&self, rows: &[ResponseRow]) -> Result<AppCallScript, String> {
+    fn script(&self, responses: &Responses) -> Result<AppCallScript, String> {
         let pods = self.pod_names();
         let mut script = Vec::new();
-        for row in rows {
+        for row in &responses.app_calls {
             let answer = row.answer()?;
             let targets = if row.pod == "*" {
                 pods.clone()
@@ -310,7 +451,17 @@ impl Model {
                 script.push((pod, row.path.clone(), answer.clone()));
             }
         }
-        Ok(AppCallScript::new(script))
+        let mut rounds = Vec::new();
+        for row in &responses.sessions {
+            if row.pod == "*" {
+                for pod in &pods {
+                    rounds.push(row.round(pod)?);
+                }
+            } else {
+                rounds.push(row.round(&row.pod)?);
+            }
+        }
+        Ok(AppCallScript::new(script).with_exchanges(rounds))
     }
 
     /// Everything that a decision can change, to tell a step that changed nothing.
@@ -378,19 +529,17 @@ pub async fn simulate(
     if metadata["generation"].as_i64().is_none() {
         metadata["generation"] = json!(1);
     }
-    let rows = match &request.responses {
+    let responses = match &request.responses {
         Some(path) => {
             let value = read_yaml(path, "responder file")?;
-            serde_json::from_value::<Responses>(value)
-                .map_err(|e| {
-                    CliError::Simulate(format!(
-                        "the responder file {} is not valid: {e}; see `policy-host simulate --help`",
-                        path.display()
-                    ))
-                })?
-                .app_calls
+            serde_json::from_value::<Responses>(value).map_err(|e| {
+                CliError::Simulate(format!(
+                    "the responder file {} is not valid: {e}; see `policy-host simulate --help`",
+                    path.display()
+                ))
+            })?
         }
-        None => Vec::new(),
+        None => Responses::default(),
     };
     let mut model = Model {
         parent,
@@ -406,7 +555,7 @@ pub async fn simulate(
     };
     let mut steps = Vec::new();
     for number in 1..=request.steps {
-        let script = model.script(&rows).map_err(CliError::Simulate)?;
+        let script = model.script(&responses).map_err(CliError::Simulate)?;
         let scope = AppCallScope::scripted(model.label(), script.clone());
         let observation = model.observation(now);
         let doing = format!("simulating {}", model.label());
@@ -424,12 +573,29 @@ pub async fn simulate(
                 )
             })
             .collect();
+        let sessions: Vec<String> = script
+            .exchanges()
+            .iter()
+            .map(|round| {
+                format!(
+                    "{}:{} sent {} bytes, {}",
+                    round.pod,
+                    round.port.as_deref().unwrap_or("*"),
+                    round.request.len(),
+                    match &round.reply {
+                        Ok(reply) => format!("got {} bytes", reply.len()),
+                        Err(error) => format!("got {error:?}"),
+                    }
+                )
+            })
+            .collect();
         let before = model.snapshot();
         let mut step = Step {
             step: number,
             now: timestamp_text(&now),
             children: observation.children.len(),
             app_calls: calls,
+            sessions,
             actions: Vec::new(),
             status: None,
             requeue_after_ms: None,
@@ -491,6 +657,9 @@ pub fn step_text(step: &Step) -> String {
     );
     for call in &step.app_calls {
         text.push_str(&format!("  app-call  {call}\n"));
+    }
+    for round in &step.sessions {
+        text.push_str(&format!("  session   {round}\n"));
     }
     for action in &step.actions {
         text.push_str(&format!("  {action}\n"));

@@ -5,6 +5,7 @@
 
 use crate::contract::{AppCallError, AppCallRequest, AppCallResponse, Method};
 use crate::exchange::{ExchangeError, ExchangeRequest};
+use crate::session::Session;
 
 /// Sends app-calls. In wasm the SDK passes its implementation over the host import to
 /// [`Plugin::reconcile`](crate::Plugin::reconcile); tests pass a fake.
@@ -12,14 +13,25 @@ pub trait AppCall {
     /// Sends one request and waits for the response (any status code is a response).
     fn call(&mut self, request: &AppCallRequest) -> Result<AppCallResponse, AppCallError>;
 
-    /// Sends raw bytes to a granted port of a pod and reads until `reply_complete` says the
-    /// reply is whole (see [`crate::exchange`]); returns the reply's bytes. Clients without a
-    /// way to reach TCP ports (the default) refuse.
-    fn exchange(&mut self, request: &ExchangeRequest<'_>) -> Result<Vec<u8>, ExchangeError> {
+    /// Opens a [`Session`] with a granted port of a pod: one connection for a conversation
+    /// of several sends and receives (see [`crate::session`]). Clients without a way to reach
+    /// TCP ports (the default) refuse.
+    fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
         Err(ExchangeError::Refused(format!(
-            "this app client cannot exchange bytes with pod `{}` port `{}`",
-            request.pod, request.port
+            "this app client cannot open a session with pod `{pod}` port `{port}`"
         )))
+    }
+
+    /// Sends raw bytes to a granted port of a pod over a fresh [`Session`] and reads until
+    /// `reply_complete` says the reply is whole (see [`crate::exchange`]); returns the reply's
+    /// bytes.
+    fn exchange(&mut self, request: &ExchangeRequest<'_>) -> Result<Vec<u8>, ExchangeError> {
+        let mut session = self
+            .connect(request.pod, request.port)?
+            .with_timeout_ms(request.timeout_ms);
+        session.request(request.request, |reply| {
+            (request.reply_complete)(reply).then_some(reply.len())
+        })
     }
 
     /// `GET path` on `pod`:`port`.

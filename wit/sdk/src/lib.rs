@@ -42,11 +42,15 @@
 //! - [`contract`] — plain-Rust mirrors of the WIT types, with small constructors.
 //! - [`observation`] — the parent and children as your own types.
 //! - [`pods`] — observed Pods: phase, readiness, deletion, containers' images and restarts.
-//! - [`children`] — kind references of built-in kinds and child object skeletons.
+//! - [`children`] — kind references of built-in kinds, child object skeletons, and builders
+//!   of the Pod, Service, PersistentVolumeClaim and PodDisruptionBudget of a stateful app.
+//! - [`desired`] — the children wanted now, as applies plus deletes of the owned rest.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
 //! - [`names`] — whether the child names derived from the parent's name are valid.
 //! - [`app_call`] — the client for the one way out of the sandbox.
-//! - [`exchange`] — raw TCP request/reply bytes, for apps whose protocol is not HTTP.
+//! - [`session`] — one TCP connection held for a conversation (server-first greetings,
+//!   authentication, several queries), cut into the protocol's frames.
+//! - [`exchange`] — one request and one reply over a fresh session.
 //! - [`log`] — lines in the host's log.
 //! - [`testing`] — the native harness: observations in, decisions out, a scripted app.
 //! - `wasm` (only on `wasm32`) — the generated bindings and the export adapter.
@@ -58,11 +62,13 @@ pub mod app_call;
 pub mod children;
 pub mod conditions;
 pub mod contract;
+pub mod desired;
 pub mod exchange;
 pub mod log;
 pub mod names;
 pub mod observation;
 pub mod pods;
+pub mod session;
 pub mod testing;
 
 #[cfg(target_arch = "wasm32")]
@@ -75,6 +81,7 @@ pub use contract::{
     TlsClient,
 };
 pub use exchange::{ExchangeError, ExchangeRequest};
+pub use session::Session;
 
 /// The names a plugin usually needs: `use policy_host_sdk::prelude::*;`.
 pub mod prelude {
@@ -87,6 +94,8 @@ pub mod prelude {
         FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
         TlsClient,
     };
+    pub use crate::desired::Desired;
+    pub use crate::session::{Session, frames};
 }
 
 /// A policy plugin: what it reconciles, and its decisions. Implement it on a unit struct

@@ -6,9 +6,18 @@
 //! script, not from the app, and [`Harness::act`] applies a decision the simplest way (no
 //! server-side apply merge, no defaulting, no other controllers). Prove behaviour against
 //! real processes in end-to-end tests.
+//!
+//! One fake answers both doors: HTTP app-calls by pod and path, and sessions (and exchanges)
+//! by *rounds*, as the host's own script does in `policy-host simulate` and shadow mode. A
+//! round is the bytes the plugin sent on a connection since it last read (none: the server
+//! speaks first) and the reply the app gives; [`ScriptedAppCall::from_responses`] reads the
+//! responder file `simulate` reads, so one script serves a native test and a simulation.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Plugin;
@@ -17,6 +26,8 @@ use crate::contract::{
     Action, AppCallError, AppCallRequest, AppCallResponse, Child, Decision, Event,
     FinalizeDecision, KindRef, Method, Observation, PolicyError, Timestamp,
 };
+use crate::exchange::ExchangeError;
+use crate::session::{Connection, Session};
 
 /// Builds an [`Observation`] the way the host would hand it over.
 #[derive(Clone, Debug)]
@@ -68,11 +79,19 @@ impl ObservationBuilder {
     }
 }
 
-/// A fake app for pure-logic tests: answers each `(method, pod, path)` from a script and
-/// records every request. An unscripted request is `Unreachable`, like a pod that is not up.
+/// A fake app for pure-logic tests: answers each `(method, pod, path)` from a script, answers
+/// sessions round by round ([`SessionRound`]), and records every request and round. An
+/// unscripted request, or a session with a pod and port no round names, is `Unreachable`, like
+/// a pod that is not up.
+///
+/// Clones share the session rounds (which were answered, and the log), as connections of one
+/// app would.
 #[derive(Clone, Debug, Default)]
 pub struct ScriptedAppCall {
     script: HashMap<(Method, String, String), Result<AppCallResponse, AppCallError>>,
+    /// `(pod or "*", path)` → answer, whatever the method (the responder file's rows).
+    any_method: HashMap<(String, String), Result<AppCallResponse, AppCallError>>,
+    sessions: Rc<RefCell<ScriptedSessions>>,
     /// Every request received, in order.
     pub requests: Vec<AppCallRequest>,
 }
@@ -107,18 +126,370 @@ impl ScriptedAppCall {
             .insert((method, pod.to_owned(), path.to_owned()), Err(error));
         self
     }
+
+    /// Adds session rounds: on a session with `round.port` of `round.pod`, the bytes
+    /// `round.request` sent since the last read are answered with `round.reply`.
+    pub fn rounds(self, rounds: impl IntoIterator<Item = SessionRound>) -> Self {
+        {
+            let mut sessions = self.sessions.borrow_mut();
+            for round in rounds {
+                sessions.rounds.push(round);
+                sessions.used.push(false);
+            }
+        }
+        self
+    }
+
+    /// The server of `port` on `pod` speaks first: a new session reads `greeting` before
+    /// sending anything.
+    pub fn greets(self, pod: &str, port: &str, greeting: impl AsRef<[u8]>) -> Self {
+        self.rounds([SessionRound::new(pod, port, b"", greeting)])
+    }
+
+    /// On a session with `port` of `pod`, `request` (all the bytes sent since the last read) is
+    /// answered with `reply`.
+    pub fn answers(
+        self,
+        pod: &str,
+        port: &str,
+        request: impl AsRef<[u8]>,
+        reply: impl AsRef<[u8]>,
+    ) -> Self {
+        self.rounds([SessionRound::new(pod, port, request, reply)])
+    }
+
+    /// The session rounds answered so far (through any clone), in order, with their replies.
+    pub fn session_log(&self) -> Vec<SessionRound> {
+        self.sessions.borrow().log.clone()
+    }
+
+    /// A fake from a responder file as `policy-host simulate --responses` reads it, given as
+    /// JSON (YAML is a superset: a JSON responder file serves both):
+    ///
+    /// ```json
+    /// { "appCalls": [ { "pod": "*", "path": "/health", "status": 200, "body": "{}" } ],
+    ///   "sessions": [ { "pod": "db-0", "port": "admin", "reply": "HELLO 42\n" },
+    ///                 { "pod": "db-0", "port": "admin", "send": "AUTH x\n", "reply": "OK\n" },
+    ///                 { "pod": "db-1", "sendHex": "0100", "error": "closed" } ] }
+    /// ```
+    ///
+    /// `appCalls` rows answer whatever the method; `pod: "*"` is every pod. `sessions` rows are
+    /// rounds: `send`/`sendHex` the bytes sent since the last read (absent: the server speaks
+    /// first), `reply`/`replyHex` the answer, or `error` (`unreachable`, `timeout`, `refused`,
+    /// `closed`); without `port` a row answers on any port.
+    pub fn from_responses(json: &str) -> Result<Self, String> {
+        let responses: Responses = serde_json::from_str(json)
+            .map_err(|e| format!("the responder file is not valid: {e}"))?;
+        let mut app = ScriptedAppCall::new();
+        for row in responses.app_calls {
+            let answer = match row.error.as_deref() {
+                None => Ok(AppCallResponse {
+                    status: row.status.unwrap_or(200),
+                    body: row.body.unwrap_or_default(),
+                }),
+                Some(error) => Err(match error {
+                    "unreachable" => AppCallError::Unreachable(
+                        row.body.unwrap_or_else(|| "scripted: unreachable".into()),
+                    ),
+                    "timeout" => AppCallError::Timeout,
+                    "refused" => AppCallError::Refused(
+                        row.body.unwrap_or_else(|| "scripted: refused".into()),
+                    ),
+                    other => {
+                        return Err(format!(
+                            "pod `{}` path `{}`: error `{other}` is not one of unreachable, timeout, refused",
+                            row.pod, row.path
+                        ));
+                    }
+                }),
+            };
+            app.any_method.insert((row.pod, row.path), answer);
+        }
+        let rounds = responses
+            .sessions
+            .into_iter()
+            .map(SessionRow::into_round)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(app.rounds(rounds))
+    }
+}
+
+/// One round of a session: the bytes the plugin sent since it last read, and the app's answer.
+/// The unit the fake, `policy-host simulate` and the host's recordings share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRound {
+    /// The pod, or `*` for any pod.
+    pub pod: String,
+    /// The port as the plugin names it; `None` answers on any port.
+    pub port: Option<String>,
+    /// The bytes sent since the last read; empty when the server speaks first.
+    pub request: Vec<u8>,
+    /// The reply, or why there is none.
+    pub reply: Result<Vec<u8>, ExchangeError>,
+}
+
+impl SessionRound {
+    /// `request` on `port` of `pod` is answered with `reply`.
+    pub fn new(pod: &str, port: &str, request: impl AsRef<[u8]>, reply: impl AsRef<[u8]>) -> Self {
+        SessionRound {
+            pod: pod.to_owned(),
+            port: Some(port.to_owned()),
+            request: request.as_ref().to_vec(),
+            reply: Ok(reply.as_ref().to_vec()),
+        }
+    }
+
+    /// `request` on `port` of `pod` fails with `error`.
+    pub fn failing(pod: &str, port: &str, request: impl AsRef<[u8]>, error: ExchangeError) -> Self {
+        SessionRound {
+            pod: pod.to_owned(),
+            port: Some(port.to_owned()),
+            request: request.as_ref().to_vec(),
+            reply: Err(error),
+        }
+    }
+
+    fn is_for(&self, pod: &str, port: &str) -> bool {
+        (self.pod == "*" || self.pod == pod) && self.port.as_deref().is_none_or(|p| p == port)
+    }
+}
+
+/// The responder file (`policy-host simulate --responses`): what the fake reads of it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Responses {
+    #[serde(default)]
+    app_calls: Vec<AppCallRow>,
+    #[serde(default)]
+    sessions: Vec<SessionRow>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AppCallRow {
+    pod: String,
+    path: String,
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SessionRow {
+    pod: String,
+    #[serde(default)]
+    port: Option<String>,
+    #[serde(default)]
+    send: Option<String>,
+    #[serde(default)]
+    send_hex: Option<String>,
+    #[serde(default)]
+    reply: Option<String>,
+    #[serde(default)]
+    reply_hex: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+impl SessionRow {
+    fn into_round(self) -> Result<SessionRound, String> {
+        let whose = format!(
+            "session row for pod `{}` port `{}`",
+            self.pod,
+            self.port.as_deref().unwrap_or("*")
+        );
+        let request = bytes_of(self.send, self.send_hex, &whose, "send")?;
+        let reply = match self.error.as_deref() {
+            None => Ok(bytes_of(self.reply, self.reply_hex, &whose, "reply")?),
+            Some("unreachable") => Err(ExchangeError::Unreachable("scripted: unreachable".into())),
+            Some("timeout") => Err(ExchangeError::Timeout),
+            Some("refused") => Err(ExchangeError::Refused("scripted: refused".into())),
+            Some("closed") => Err(ExchangeError::Closed),
+            Some(other) => {
+                return Err(format!(
+                    "{whose}: error `{other}` is not one of unreachable, timeout, refused, closed"
+                ));
+            }
+        };
+        Ok(SessionRound {
+            pod: self.pod,
+            port: self.port,
+            request,
+            reply,
+        })
+    }
+}
+
+/// The bytes a row gives as text or as hex (not both).
+fn bytes_of(
+    text: Option<String>,
+    hex: Option<String>,
+    whose: &str,
+    field: &str,
+) -> Result<Vec<u8>, String> {
+    match (text, hex) {
+        (Some(_), Some(_)) => Err(format!("{whose}: give `{field}` or `{field}Hex`, not both")),
+        (Some(text), None) => Ok(text.into_bytes()),
+        (None, Some(hex)) => from_hex(&hex).ok_or_else(|| {
+            format!("{whose}: `{field}Hex` is not hexadecimal bytes (two digits per byte)")
+        }),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
+}
+
+/// The session rounds of a [`ScriptedAppCall`], shared by its connections.
+#[derive(Debug, Default)]
+struct ScriptedSessions {
+    rounds: Vec<SessionRound>,
+    /// Which rounds were answered already: the same request twice gets the second answer the
+    /// second time, as in the host's replay.
+    used: Vec<bool>,
+    log: Vec<SessionRound>,
+}
+
+impl ScriptedSessions {
+    /// The first unused round for this pod, port and request, else the last such (as the
+    /// host's `AppCallScript` answers).
+    fn answer(&mut self, pod: &str, port: &str, request: &[u8]) -> Result<Vec<u8>, ExchangeError> {
+        let equal: Vec<usize> = self
+            .rounds
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_for(pod, port) && r.request == request)
+            .map(|(i, _)| i)
+            .collect();
+        let chosen = equal
+            .iter()
+            .copied()
+            .find(|&i| !self.used[i])
+            .or_else(|| equal.last().copied());
+        let reply = match chosen {
+            Some(index) => {
+                self.used[index] = true;
+                self.rounds[index].reply.clone()
+            }
+            None => Err(ExchangeError::Unreachable(format!(
+                "no scripted round with pod `{pod}` port `{port}` for the {} bytes sent ({:?})",
+                request.len(),
+                String::from_utf8_lossy(request)
+            ))),
+        };
+        self.log.push(SessionRound {
+            pod: pod.to_owned(),
+            port: Some(port.to_owned()),
+            request: request.to_vec(),
+            reply: reply.clone(),
+        });
+        reply
+    }
+}
+
+/// One scripted session: rounds as the host's scripted connection plays them.
+struct ScriptedConnection {
+    pod: String,
+    port: String,
+    sessions: Rc<RefCell<ScriptedSessions>>,
+    /// Bytes sent in the current round.
+    request: Vec<u8>,
+    /// Bytes of the current round's reply already read.
+    replied: usize,
+    /// The current round's reply not yet read; `None` until the plugin first reads.
+    pending: Option<VecDeque<u8>>,
+}
+
+impl Connection for ScriptedConnection {
+    fn send(&mut self, bytes: &[u8]) -> Result<(), ExchangeError> {
+        if self.replied > 0 {
+            self.request.clear();
+            self.replied = 0;
+        }
+        self.pending = None;
+        self.request.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn receive(&mut self, max_bytes: u32, _timeout_ms: u32) -> Result<Vec<u8>, ExchangeError> {
+        if self.pending.is_none() {
+            let reply = self
+                .sessions
+                .borrow_mut()
+                .answer(&self.pod, &self.port, &self.request);
+            match reply {
+                Ok(reply) => self.pending = Some(reply.into()),
+                Err(error) => {
+                    self.request.clear();
+                    return Err(error);
+                }
+            }
+        }
+        match &mut self.pending {
+            // Past the scripted reply the app says nothing more, as a live one would.
+            Some(bytes) if !bytes.is_empty() => {
+                let n = (max_bytes as usize).clamp(1, bytes.len());
+                self.replied += n;
+                Ok(bytes.drain(..n).collect())
+            }
+            _ => Err(ExchangeError::Timeout),
+        }
+    }
 }
 
 impl AppCall for ScriptedAppCall {
     fn call(&mut self, request: &AppCallRequest) -> Result<AppCallResponse, AppCallError> {
         self.requests.push(request.clone());
         let key = (request.method, request.pod.clone(), request.path.clone());
-        self.script.get(&key).cloned().unwrap_or_else(|| {
+        let answer = self.script.get(&key).or_else(|| {
+            self.any_method
+                .get(&(request.pod.clone(), request.path.clone()))
+                .or_else(|| self.any_method.get(&("*".to_owned(), request.path.clone())))
+        });
+        answer.cloned().unwrap_or_else(|| {
             Err(AppCallError::Unreachable(format!(
                 "no scripted response for {:?} {} on {}",
                 request.method, request.path, request.pod
             )))
         })
+    }
+
+    fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
+        if !self
+            .sessions
+            .borrow()
+            .rounds
+            .iter()
+            .any(|r| r.is_for(pod, port))
+        {
+            return Err(ExchangeError::Unreachable(format!(
+                "no scripted session with pod `{pod}` port `{port}`"
+            )));
+        }
+        Ok(Session::new(
+            pod,
+            port,
+            Box::new(ScriptedConnection {
+                pod: pod.to_owned(),
+                port: port.to_owned(),
+                sessions: Rc::clone(&self.sessions),
+                request: Vec::new(),
+                replied: 0,
+                pending: None,
+            }),
+        ))
     }
 }
 
@@ -133,11 +504,13 @@ where
     }
 }
 
-/// Runs a [`Plugin`] natively, as the host would, against a [`ScriptedAppCall`].
+/// Runs a [`Plugin`] natively, as the host would, against a fake app: a [`ScriptedAppCall`]
+/// by default, or any [`AppCall`] (a model of the app that keeps state between requests).
 #[derive(Debug, Default)]
-pub struct Harness<P> {
-    /// The fake app the plugin talks to; inspect `app.requests` after a call.
-    pub app: ScriptedAppCall,
+pub struct Harness<P, A = ScriptedAppCall> {
+    /// The fake app the plugin talks to; inspect `app.requests` or `app.session_log()` after a
+    /// call.
+    pub app: A,
     plugin: std::marker::PhantomData<P>,
 }
 
@@ -146,9 +519,11 @@ impl<P: Plugin> Harness<P> {
     pub fn new() -> Self {
         Harness::with_app(ScriptedAppCall::new())
     }
+}
 
-    /// A harness whose app answers from `app`.
-    pub fn with_app(app: ScriptedAppCall) -> Self {
+impl<P: Plugin, A: AppCall> Harness<P, A> {
+    /// A harness whose app is `app`.
+    pub fn with_app(app: A) -> Self {
         Harness {
             app,
             plugin: std::marker::PhantomData,
@@ -290,5 +665,89 @@ impl Decision {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::frames;
+
+    /// The rounds the host's script plays (`capability/exchange.rs`), so a recording replays
+    /// the same in both.
+    #[test]
+    fn scripted_sessions_play_rounds_as_the_host_does() {
+        let app = ScriptedAppCall::new()
+            .greets("db-0", "admin", "HI\n")
+            .answers("db-0", "admin", "A\nB\n", "AB\n")
+            .answers("db-0", "admin", "PING\n", "PONG 1\n")
+            .answers("db-0", "admin", "PING\n", "PONG 2\n");
+        let mut client = app.clone();
+        let mut session = client.connect("db-0", "admin").expect("connects");
+        assert_eq!(
+            session.receive_frame(frames::line).as_deref(),
+            Ok(&b"HI\n"[..]),
+            "the server speaks first: the round with nothing sent"
+        );
+        session.send(b"A\n").expect("sends");
+        assert_eq!(
+            session.request(b"B\n", frames::line).as_deref(),
+            Ok(&b"AB\n"[..]),
+            "two sends before a read are one round"
+        );
+        for expected in ["PONG 1\n", "PONG 2\n", "PONG 2\n"] {
+            assert_eq!(
+                session.request(b"PING\n", frames::line).as_deref(),
+                Ok(expected.as_bytes()),
+                "the same request gets the next unused answer, then the last"
+            );
+        }
+        assert_eq!(
+            session.receive_frame(frames::line),
+            Err(ExchangeError::Timeout),
+            "past its reply the app says nothing more"
+        );
+        assert!(
+            matches!(session.request(b"QUIT\n", frames::line), Err(ExchangeError::Unreachable(m)) if m.contains("no scripted round")),
+            "an unscripted round"
+        );
+        assert_eq!(app.session_log().len(), 6, "clones share the log");
+        assert!(matches!(
+            client.connect("db-1", "admin"),
+            Err(ExchangeError::Unreachable(_))
+        ));
+    }
+
+    #[test]
+    fn the_responder_file_answers_app_calls_by_pod_and_path_whatever_the_method() {
+        let mut app = ScriptedAppCall::from_responses(
+            r#"{ "appCalls": [ { "pod": "*", "path": "/health", "body": "ok" },
+                               { "pod": "db-1", "path": "/health", "error": "timeout" } ],
+                 "sessions": [ { "pod": "*", "sendHex": "0102", "replyHex": "ff" } ] }"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            app.get("db-0", "http", "/health").map(|r| r.body),
+            Ok("ok".to_owned())
+        );
+        assert_eq!(
+            app.get("db-1", "http", "/health"),
+            Err(AppCallError::Timeout)
+        );
+        let mut session = app.connect("db-7", "any").expect("any pod, any port");
+        assert_eq!(
+            session.request(&[1, 2], |b| Some(b.len()).filter(|&n| n > 0)),
+            Ok(vec![0xff])
+        );
+
+        let refused = [
+            r#"{ "sessions": [ { "pod": "a", "send": "x", "sendHex": "78" } ] }"#,
+            r#"{ "sessions": [ { "pod": "a", "replyHex": "7" } ] }"#,
+            r#"{ "sessions": [ { "pod": "a", "error": "gone" } ] }"#,
+            r#"{ "exchanges": [] }"#,
+        ];
+        for text in refused {
+            assert!(ScriptedAppCall::from_responses(text).is_err(), "{text}");
+        }
     }
 }

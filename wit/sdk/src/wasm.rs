@@ -75,23 +75,37 @@ impl AppCall for HostAppCall {
             })
     }
 
-    fn exchange(
+    fn connect(
         &mut self,
-        request: &crate::ExchangeRequest<'_>,
+        pod: &str,
+        port: &str,
+    ) -> Result<crate::session::Session, crate::ExchangeError> {
+        let connection = wit_exchange::Connection::open(pod, port).map_err(exchange_error)?;
+        Ok(crate::session::Session::new(
+            pod,
+            port,
+            Box::new(HostConnection(connection)),
+        ))
+    }
+}
+
+/// A session's transport over the host's `exchange.connection` resource; dropping it closes
+/// the connection.
+struct HostConnection(wit_exchange::Connection);
+
+impl crate::session::Connection for HostConnection {
+    fn send(&mut self, bytes: &[u8]) -> Result<(), crate::ExchangeError> {
+        self.0.send(bytes).map_err(exchange_error)
+    }
+
+    fn receive(
+        &mut self,
+        max_bytes: u32,
+        timeout_ms: u32,
     ) -> Result<Vec<u8>, crate::ExchangeError> {
-        // Each chunk at most this big: a reply is read in a few calls, never one huge buffer.
-        const CHUNK: u32 = 64 << 10;
-        let connection =
-            wit_exchange::Connection::open(request.pod, request.port).map_err(exchange_error)?;
-        connection.send(request.request).map_err(exchange_error)?;
-        let mut reply = Vec::new();
-        while !(request.reply_complete)(&reply) {
-            let bytes = connection
-                .receive(CHUNK, request.timeout_ms)
-                .map_err(exchange_error)?;
-            reply.extend_from_slice(&bytes);
-        }
-        Ok(reply)
+        self.0
+            .receive(max_bytes, timeout_ms)
+            .map_err(exchange_error)
     }
 }
 
