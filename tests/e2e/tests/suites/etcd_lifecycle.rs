@@ -1011,7 +1011,7 @@ async fn quorum_loss_is_reported_and_recovered_from_the_last_snapshot() -> anyho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
-    let fixture = Fixture::start("etcd-crashloop", "3.6").await?;
+    let mut fixture = Fixture::start("etcd-crashloop", "3.6").await?;
     let outcome = async {
         let version = etcd_version(fixture.env, "3.6")?;
         fixture.create_cluster(3, &version).await?;
@@ -1025,9 +1025,12 @@ async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("{victim} is not a member: {before:?}"))?;
 
         // Its etcd keeps dying at start and never becomes Ready: the container runs the
-        // previous minor's etcd, which exits on the newer cluster's data ("cluster cannot be
-        // downgraded"). The plugin replaces it once it has crash-looped, not Ready, for
-        // CRASH_LOOP_SECONDS (two minutes), not after a few restarts.
+        // previous minor's etcd, which exits on the newer cluster's data (a downgrade). The
+        // plugin replaces it once it has crash-looped, not Ready, for CRASH_LOOP_SECONDS (two
+        // minutes), not after a few restarts. The image is changed while the host is stopped:
+        // a running host would see a Ready member on another image and restart it on the
+        // spec's, as in an upgrade.
+        fixture.stop_host().await;
         let older = etcd_version(fixture.env, "3.5")?;
         let running = fixture.pods.get(&victim).await?;
         let repository = running
@@ -1071,6 +1074,7 @@ async fn a_crash_looping_member_is_replaced() -> anyhow::Result<()> {
                 ))
         })
         .await?;
+        fixture.start_host().await?;
         eventually(
             "the crash-looping member to leave etcd",
             CONVERGE + Duration::from_secs(120),
