@@ -157,10 +157,14 @@ enum Command {
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
-        /// Sign the pack (component and grants) with this ed25519 private key (PEM, PKCS#8),
-        /// for hosts run with --trusted-key.
+        /// Sign the pack (name, component, grants, limits, mode and serial) with this ed25519
+        /// private key (PEM, PKCS#8), for hosts run with --trusted-key.
         #[arg(long, value_name = "PRIVATE_KEY_PEM")]
         sign: Option<PathBuf>,
+        /// The signed pack's serial: a host refuses a pack older than one it verified under
+        /// the same ConfigMap name. Default: the current Unix time in seconds.
+        #[arg(long, requires = "sign")]
+        serial: Option<u64>,
         /// Write a one-apply bundle: the CRDs given with --crd, a ClusterRole with the rules
         /// the host needs on the plugin's kinds (aggregated into the host's role), then the
         /// ConfigMap.
@@ -396,6 +400,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_pod_security,
             shadow,
             sign,
+            serial,
             bundle: _,
             crds,
             limits,
@@ -417,6 +422,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 limits: limits.spec(),
                 shadow,
                 sign,
+                serial,
                 bundle_crds: crds,
             };
             print!(

@@ -10,6 +10,7 @@
 //! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, and whether its parents may ask for chaos drills ([`crate::chaos`]); absent means none |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
 //! | `mode` | `data`, optional | `active` (default) or `shadow` |
+//! | `serial`, `signature`, `signedBy` | `data`, optional | the signature over all of the above and its key ([`crate::load::trust`]) |
 //!
 //! Reading a pack only decodes and checks what the ConfigMap says; compiling the component is
 //! the loader's job ([`crate::load::PluginLoader`]).
