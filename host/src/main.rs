@@ -154,6 +154,10 @@ enum Command {
         /// privileged containers, host ports or extra capabilities) or `privileged`.
         #[arg(long, default_value = "baseline", value_name = "LEVEL")]
         grant_pod_security: String,
+        /// Let its pods run images of this repository (every tag and digest), or under this
+        /// prefix when it ends in `/`; repeat for several. Without any, any image.
+        #[arg(long = "grant-image", value_name = "REPOSITORY")]
+        grant_images: Vec<String>,
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
@@ -398,6 +402,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_chaos,
             grant_kinds,
             grant_pod_security,
+            grant_images,
             shadow,
             sign,
             serial,
@@ -417,6 +422,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         &grant_pod_security,
                     )
                     .map_err(anyhow::Error::msg)?,
+                    images: (!grant_images.is_empty()).then_some(grant_images),
                 },
                 grant_requested,
                 limits: limits.spec(),

@@ -1,15 +1,19 @@
-//! What the author of an EtcdCluster can get past the host (review M5), against the real API
-//! server: the author is a user who may only `create` EtcdClusters in the namespace
+//! What the author of an EtcdCluster can get past the host (review M5, M6), against the real
+//! API server: the author is a user who may only `create` EtcdClusters in the namespace
 //! (impersonated), and the etcd plugin is loaded from the shipped bundle's ConfigMap
-//! (`policies/etcd.yaml`). A member pod with an unconfined `securityContext` or AppArmor
-//! annotation is refused with an `ActionRefused` Event on the cluster, and no pod is written.
+//! (`policies/etcd.yaml`, with its image allow-list). A member pod with an unconfined
+//! `securityContext`, an image outside the allow-list, or a Secret of the namespace not opted
+//! in for the plugin is refused with an `ActionRefused` Event on the cluster, and no pod is
+//! written; once the Secret's owner labels it, the same cluster gets its pod.
 //!
 //! Runs policy-host in-process against the shared test environment, in a namespace of its own.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{etcd_clusters, etcd_version};
@@ -83,7 +87,8 @@ async fn create_cluster(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_gets_no_pod_beyond_baseline() -> anyhow::Result<()> {
+async fn a_tenant_gets_no_pod_beyond_baseline_no_unlisted_image_and_no_secret_not_opted_in()
+-> anyhow::Result<()> {
     init_logging();
     let env = shared_node().await?;
     let admin = env.client().await?;
@@ -93,6 +98,7 @@ async fn a_tenant_gets_no_pod_beyond_baseline() -> anyhow::Result<()> {
     let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &namespace);
     let events: Api<Event> = Api::namespaced(admin.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &namespace);
     let version = etcd_version(env, "3.6")?;
 
     let outcome = async {
@@ -128,6 +134,11 @@ async fn a_tenant_gets_no_pod_beyond_baseline() -> anyhow::Result<()> {
                     "pod": {"annotations": {"container.apparmor.security.beta.kubernetes.io/etcd": "unconfined"}}}),
                 "container.apparmor.security.beta.kubernetes.io/etcd",
             ),
+            (
+                "foreign-image",
+                json!({"size": 1, "version": version, "repository": "evil.example/etcd"}),
+                "evil.example/etcd",
+            ),
         ];
         for (name, spec, _) in &rows {
             create_cluster(&tenant, name, spec.clone()).await?;
@@ -140,7 +151,25 @@ async fn a_tenant_gets_no_pod_beyond_baseline() -> anyhow::Result<()> {
             eprintln!("[{namespace}] {name}: {}", event.note.unwrap_or_default());
         }
 
-        for name in ["unconfined", "apparmor"] {
+        // A Secret of the namespace that its owner has not opted in for the plugin.
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "db-admin"},
+            "type": "kubernetes.io/tls",
+            "stringData": {"ca.crt": "x", "tls.crt": "x", "tls.key": "x"},
+        }))?;
+        secrets.create(&PostParams::default(), &secret).await?;
+        create_cluster(
+            &tenant,
+            "borrower",
+            json!({"size": 1, "version": version, "tls": {
+                "peerSecret": "db-admin", "serverSecret": "db-admin", "operatorSecret": "db-admin"}}),
+        )
+        .await?;
+        plugins::event_about(&events, "borrower", "ActionRefused", |note| {
+            note.contains("db-admin") && note.contains("mountable-by.policy-host.io/etcd=true")
+        })
+        .await?;
+        for name in ["unconfined", "apparmor", "foreign-image", "borrower"] {
             let written = pods_of(&pods, name).await?;
             anyhow::ensure!(
                 written.is_empty(),
@@ -149,6 +178,25 @@ async fn a_tenant_gets_no_pod_beyond_baseline() -> anyhow::Result<()> {
             );
         }
 
+        // Its owner opts it in: the same cluster now gets its member pod, with the Secret.
+        let label = json!({"metadata": {"labels": {"mountable-by.policy-host.io/etcd": "true"}}});
+        secrets
+            .patch("db-admin", &PatchParams::default(), &Patch::Merge(&label))
+            .await?;
+        let pod = wait_for("the borrower's member pod, once opted in", WAIT, || async {
+            pods_of(&pods, "borrower").await.ok()?.into_iter().next()
+        })
+        .await?;
+        let mounted: BTreeMap<String, String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| Some((v.name.clone(), v.secret.as_ref()?.secret_name.clone()?)))
+            .collect();
+        anyhow::ensure!(
+            mounted.values().any(|s| s == "db-admin"),
+            "the member pod does not mount the opted-in Secret: {mounted:?}"
+        );
         Ok(())
     }
     .await;
