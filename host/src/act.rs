@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
@@ -35,6 +36,7 @@ use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::metrics::Metrics;
 use crate::observe::{Observed, is_controlled_by};
+use crate::pod_inputs;
 
 /// What carrying out a decision wrote that the caller has to remember.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -443,7 +445,66 @@ impl Executor {
                 kind.kind,
                 self.grants.pod_security.name()
             ))
+        })?;
+        pod_inputs::check_images(&applied.object, self.grants.images.as_deref()).map_err(|why| {
+            self.refused(format!(
+                "it applied {} `{name}` whose {why}; the admin adds the repository to data.grants.images of its ConfigMap (`pack --grant-image`) if it is trusted",
+                kind.kind
+            ))
         })
+    }
+
+    /// Refuses a pod (or pod template) that mounts or reads a Secret not opted in for this
+    /// plugin by the label [`pod_inputs::mountable_label`], reading only the Secret's metadata.
+    async fn secrets_opted_in(
+        &self,
+        parent: &DynamicObject,
+        applied: &AppliedObject,
+    ) -> Result<(), ActError> {
+        let uses = pod_inputs::secret_uses(&applied.object);
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let namespace = self.namespace(parent)?;
+        let label = pod_inputs::mountable_label(&self.info.name);
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &namespace);
+        let (kind, object) = (&applied.kind, &applied.name);
+        let mut checked = HashSet::new();
+        for pod_inputs::SecretUse { name, used_as } in uses {
+            if !checked.insert(name.clone()) {
+                continue;
+            }
+            let meta = match secrets.get_metadata_opt(&name).await {
+                Ok(meta) => meta,
+                Err(kube::Error::Api(status)) if status.code == 403 => {
+                    return Err(self.refused(format!(
+                        "it applied {kind} `{object}` using Secret `{name}` ({used_as}), and the host may not read that Secret's labels to check it is opted in; the admin binds the ClusterRole policy-host-secrets in namespace {namespace} (README, \"Running the host in a cluster\")"
+                    )));
+                }
+                Err(source) => {
+                    return Err(ActError::Api {
+                        what: format!(
+                            "reading the labels of Secret {namespace}/{name}, which {kind} `{object}` uses"
+                        ),
+                        source,
+                    });
+                }
+            };
+            let opted_in = meta
+                .as_ref()
+                .is_some_and(|m| m.labels().get(&label).is_some_and(|v| v == "true"));
+            if !opted_in {
+                let state = if meta.is_some() {
+                    "is not opted in for this plugin"
+                } else {
+                    "does not exist"
+                };
+                return Err(self.refused(format!(
+                    "it applied {kind} `{object}` using Secret `{name}` ({used_as}), which {state}; whoever owns the Secret opts it in with `kubectl label secret -n {namespace} {name} {label}=true`"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn declared(&self, api_version: &str, kind: &str) -> Option<&KindRef> {
@@ -503,6 +564,7 @@ impl Executor {
             };
             let applied = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
             let kind = self.checked_apply(&applied)?;
+            self.secrets_opted_in(parent, &applied).await?;
             let key = (kind.to_string(), applied.name);
             if claims.contains_key(&key) {
                 continue;
@@ -1065,6 +1127,39 @@ mod tests {
             .await
             .expect_err("an undeclared kind is refused");
         assert!(error.to_string().contains("probe@2.0.0"), "{error}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_pod_running_an_image_outside_the_grants_is_refused_before_anything_is_read() {
+        // A silent API server: a check that needed it would end at the act deadline instead.
+        let (client, server) = silent_api_server().await;
+        let mut info = probe_info();
+        info.children.push(KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            plural: "pods".into(),
+            namespaced: true,
+        });
+        let executor = Executor::new(client, "probe@1.0.0", &info)
+            .with_grants(&Grants {
+                images: Some(vec!["gcr.io/etcd-development/etcd".into()]),
+                ..Grants::default()
+            })
+            .with_act_deadline(Duration::from_millis(300));
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m"},
+            "spec": {"containers": [{"name": "etcd", "image": "evil.example/etcd:v3"}]}});
+        let error = executor
+            .apply_decision(&parent(), &observed(), vec![Action::Apply(pod.to_string())])
+            .await
+            .expect_err("an image outside the grants is refused");
+        assert_eq!(error.reason(), "ActionRefused", "{error}");
+        assert!(
+            error.to_string().contains("evil.example/etcd:v3")
+                && error.to_string().contains("data.grants.images"),
+            "{error}"
+        );
         server.abort();
     }
 

@@ -1,11 +1,18 @@
 //! Chaos drills: a parent's opt-in annotation and its grammar, each parent's schedule, and the
-//! choice of which of the parent's own Pods to kill.
+//! choice of which of the parent's own Pods to kill, and when not to.
 //!
 //! A parent annotated `policy-host.io/chaos: "kill-pod every=30s"` gets one of its own Pods
-//! (controlled by it, in its namespace, not already terminating) deleted with no grace period
-//! every 30 s, each kill an Event on the parent. Only while the annotation is there, and only
-//! when the admin granted `chaos: true` to the plugin that reconciles the parent: a CR author
-//! cannot turn it on alone, and the host never touches anything the parent does not control.
+//! (controlled by it, in its namespace) evicted every 30 s, each kill an Event on the parent.
+//! Only while the annotation is there, and only when the admin granted `chaos: true` to the
+//! plugin that reconciles the parent: a CR author cannot turn it on alone, and the host never
+//! touches anything the parent does not control.
+//!
+//! A drill tests how an app survives losing a pod, not two at once (review M7): a kill goes
+//! through the Eviction API, so the plugin's PodDisruptionBudget can refuse it and the pod gets
+//! its grace period, and a turn is skipped while the last victim is not back: while any of the
+//! parent's pods is terminating or not Ready, or the parent reports `Progressing=True` (the
+//! Kubernetes convention both shipped plugins follow; an etcd member added as a learner is Ready
+//! before it votes).
 //!
 //! The schedule lives in memory: after a host restart (or a leader change) the first kill of a
 //! drill comes one period after the parent is next reconciled, never at once.
@@ -183,35 +190,66 @@ impl ChaosSchedule {
     }
 }
 
-/// The Pods of the observation that are not already terminating, by name, with their uid; the
-/// `seed`-th of them (modulo their number) is the victim.
+/// Whether a Pod (as JSON) is Ready and not terminating.
+fn settled(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// The victim among the Pods of the observation, by name with its uid: the `seed`-th of them
+/// (modulo their number). None while any of them is terminating or not Ready (the last victim
+/// is not back yet), or there is none.
 pub fn pick_pod(observation: &Observation, seed: u64) -> Option<(String, String)> {
-    let mut pods: Vec<(String, String)> = observation
+    let pods: Vec<Value> = observation
         .children
         .iter()
         .filter(|c| c.kind.group.is_empty() && c.kind.kind == "Pod")
-        .filter_map(|c| {
-            let pod: Value = serde_json::from_str(&c.object).ok()?;
+        .filter_map(|c| serde_json::from_str(&c.object).ok())
+        .collect();
+    if !pods.iter().all(settled) {
+        return None;
+    }
+    let mut named: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|pod| {
             let meta = &pod["metadata"];
-            if !meta["deletionTimestamp"].is_null() {
-                return None;
-            }
             Some((
                 meta["name"].as_str()?.to_owned(),
                 meta["uid"].as_str()?.to_owned(),
             ))
         })
         .collect();
-    if pods.is_empty() {
+    if named.is_empty() {
         return None;
     }
-    pods.sort();
-    let index = usize::try_from(seed % u64::try_from(pods.len()).unwrap_or(1)).unwrap_or(0);
-    pods.into_iter().nth(index)
+    named.sort();
+    let index = usize::try_from(seed % u64::try_from(named.len()).unwrap_or(1)).unwrap_or(0);
+    named.into_iter().nth(index)
+}
+
+/// Why parent `parent` (as JSON) is still changing, from its `Progressing=True` condition: a
+/// drill waits for it to settle.
+pub fn progressing(parent: &Value) -> Option<String> {
+    parent["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Progressing" && c["status"] == "True")
+        .map(|c| {
+            format!(
+                "the parent reports Progressing=True ({})",
+                c["reason"].as_str().unwrap_or("no reason")
+            )
+        })
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::contract::{Child, KindRef, Timestamp};
 
@@ -308,6 +346,7 @@ mod tests {
         let mut object = serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "uid": format!("uid-{name}")},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         });
         if terminating {
             object["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
@@ -324,25 +363,84 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_victim_is_one_of_the_observed_pods_never_a_terminating_one() {
-        let mut observation = Observation {
+    fn not_ready(name: &str) -> Child {
+        let mut child = pod(name, false);
+        let mut object: Value = serde_json::from_str(&child.object).expect("json");
+        object["status"]["conditions"][0]["status"] = "False".into();
+        child.object = object.to_string();
+        child
+    }
+
+    fn observation(children: Vec<Child>) -> Observation {
+        Observation {
             parent: "{}".into(),
-            children: vec![pod("a", false), pod("b", true), pod("c", false)],
+            children,
             now: Timestamp {
                 seconds: 0,
                 nanoseconds: 0,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn the_victim_is_one_of_the_observed_pods() {
+        let observation = observation(vec![pod("a", false), pod("b", false), pod("c", false)]);
         let victims: Vec<_> = (0..4)
             .filter_map(|seed| pick_pod(&observation, seed))
             .collect();
         assert_eq!(
             victims.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-            ["a", "c", "a", "c"]
+            ["a", "b", "c", "a"]
         );
         assert_eq!(victims[0].1, "uid-a");
-        observation.children = vec![pod("b", true)];
-        assert_eq!(pick_pod(&observation, 0), None);
+    }
+
+    #[test]
+    fn no_pod_is_killed_while_the_last_victim_is_not_back() {
+        let rows = [
+            (
+                "a pod terminating (the last victim going)",
+                vec![pod("a", false), pod("b", true), pod("c", false)],
+            ),
+            (
+                "a pod not Ready (the replacement starting)",
+                vec![pod("a", false), not_ready("b"), pod("c", false)],
+            ),
+            ("the only pod terminating", vec![pod("b", true)]),
+            ("no pod", vec![]),
+        ];
+        for (situation, children) in rows {
+            let observation = observation(children);
+            for seed in 0..3 {
+                assert_eq!(pick_pod(&observation, seed), None, "{situation}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_pod_is_killed_while_the_parent_reports_progress() {
+        let rows = [
+            (
+                "Progressing=True (a member being added)",
+                json!({"status": {"conditions": [{"type": "Progressing", "status": "True", "reason": "AddingMember"}]}}),
+                Some("AddingMember"),
+            ),
+            (
+                "Progressing=False",
+                json!({"status": {"conditions": [{"type": "Progressing", "status": "False", "reason": "Reconciled"}]}}),
+                None,
+            ),
+            ("no status yet", json!({}), None),
+        ];
+        for (situation, parent, expected) in rows {
+            let why = progressing(&parent);
+            match expected {
+                Some(reason) => assert!(
+                    why.as_ref().is_some_and(|w| w.contains(reason)),
+                    "{situation}: {why:?}"
+                ),
+                None => assert_eq!(why, None, "{situation}"),
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
 use crate::capability::replay::AppCallRecorder;
 use crate::capability::scope::{AppCallScope, Grants};
-use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod};
+use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod, progressing};
 use crate::contract::{Event, EventType, Observation};
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
@@ -782,21 +782,33 @@ impl PolicyController {
                 let seed = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos() as u64);
+                if let Some(why) = progressing(&parent.data) {
+                    tracing::info!(parent = %parent.name_any(), "chaos drill: turn skipped, {why}");
+                    return Some(next);
+                }
                 let Some((pod, pod_uid)) = pick_pod(&observed.observation, seed) else {
-                    tracing::debug!(parent = %parent.name_any(), "chaos drill: no pod to kill");
+                    tracing::info!(parent = %parent.name_any(), "chaos drill: turn skipped, a pod is not Ready or is terminating (or there is none)");
                     return Some(next);
                 };
                 let pods: Api<k8s_openapi::api::core::v1::Pod> =
                     Api::namespaced(self.client.clone(), &parent.namespace().unwrap_or_default());
-                let params = kube::api::DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: Some(pod_uid),
-                        resource_version: None,
+                // An eviction, not a delete: the plugin's PodDisruptionBudget may refuse it,
+                // and the pod gets its grace period (review M7).
+                let params = kube::api::EvictParams {
+                    delete_options: Some(kube::api::DeleteParams {
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: Some(pod_uid),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
                     }),
                     ..Default::default()
                 };
-                match pods.delete(&pod, &params).await {
+                match pods.evict(&pod, &params).await {
+                    Err(kube::Error::Api(status)) if status.code == 429 => {
+                        tracing::info!(parent = %parent.name_any(), pod, "chaos drill: turn skipped, the PodDisruptionBudget allows no disruption now");
+                        return Some(next);
+                    }
                     Ok(_) => (
                         EventType::Normal,
                         "ChaosPodKilled",
@@ -809,7 +821,7 @@ impl PolicyController {
                         EventType::Warning,
                         "ChaosKillFailed",
                         format!(
-                            "chaos drill `{drill}`: deleting pod {pod} failed: {}; trying again in {next:?}",
+                            "chaos drill `{drill}`: evicting pod {pod} failed: {}; trying again in {next:?} (the host needs `create` on pods/eviction, which a plugin bundle grants with its pods)",
                             crate::act::api_error_text(&error)
                         ),
                         Some(next),

@@ -50,6 +50,8 @@ pub mod capability;
 pub mod act;
 // What the act stage checks pods against: the pod-security level of the plugin's grant.
 pub mod pod_security;
+// ...and the images they run and the Secrets they use: the grant's allow-list, opted-in Secrets.
+pub mod pod_inputs;
 
 pub mod shadow;
 // Beside act: the host's own writes for a parent's opt-in chaos drill.

@@ -173,13 +173,21 @@ enum Command {
         /// privileged containers, host ports or extra capabilities) or `privileged`.
         #[arg(long, default_value = "baseline", value_name = "LEVEL")]
         grant_pod_security: String,
+        /// Let its pods run images of this repository (every tag and digest), or under this
+        /// prefix when it ends in `/`; repeat for several. Without any, any image.
+        #[arg(long = "grant-image", value_name = "REPOSITORY")]
+        grant_images: Vec<String>,
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
-        /// Sign the pack (component and grants) with this ed25519 private key (PEM, PKCS#8),
-        /// for hosts run with --trusted-key.
+        /// Sign the pack (name, component, grants, limits, mode and serial) with this ed25519
+        /// private key (PEM, PKCS#8), for hosts run with --trusted-key.
         #[arg(long, value_name = "PRIVATE_KEY_PEM")]
         sign: Option<PathBuf>,
+        /// The signed pack's serial: a host refuses a pack older than one it verified under
+        /// the same ConfigMap name. Default: the current Unix time in seconds.
+        #[arg(long, requires = "sign")]
+        serial: Option<u64>,
         /// Write a one-apply bundle: the CRDs given with --crd, a ClusterRole with the rules
         /// the host needs on the plugin's kinds (aggregated into the host's role), then the
         /// ConfigMap.
@@ -420,8 +428,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_chaos,
             grant_kinds,
             grant_pod_security,
+            grant_images,
             shadow,
             sign,
+            serial,
             bundle: _,
             crds,
             limits,
@@ -438,11 +448,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         &grant_pod_security,
                     )
                     .map_err(anyhow::Error::msg)?,
+                    images: (!grant_images.is_empty()).then_some(grant_images),
                 },
                 grant_requested,
                 limits: limits.spec(),
                 shadow,
                 sign,
+                serial,
                 bundle_crds: crds,
             };
             print!(

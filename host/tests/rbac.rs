@@ -181,6 +181,8 @@ const STATUS_VERBS: &[&str] = &["patch"];
 /// read one before the first apply (does it exist, and who controls it), create and patch
 /// (server-side apply, which creates), delete.
 const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// Pods the plugin may write may be evicted (chaos drills go through the Eviction API).
+const EVICTION_VERBS: &[&str] = &["create"];
 /// A declared child kind outside the plugin's granted kinds: watched, never written.
 const WATCHED_VERBS: &[&str] = &["list", "watch"];
 /// Events about parents: kube's recorder creates an Event and patches its series.
@@ -242,6 +244,9 @@ async fn every_bundle_grants_what_its_plugin_needs_and_no_more() {
                 format!("{}/{}", child.group, child.plural),
                 verbs(if writable { CHILD_VERBS } else { WATCHED_VERBS }),
             );
+            if writable && child.group.is_empty() && child.plural == "pods" {
+                needed.insert("/pods/eviction".to_owned(), verbs(EVICTION_VERBS));
+            }
         }
         let roles = roles_in(&bundle.objects);
         assert_eq!(roles.len(), 1, "{file}: one ClusterRole");

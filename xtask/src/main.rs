@@ -317,20 +317,39 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
 /// in namespace `policy-host` with host default limits and the grant each asks for: etcd and
 /// etcd-backup app-calls to the `client` port of their own pods (the etcd gateway), redis
 /// exchanges with the `redis` port of its own pods, etcd-restore none (it only creates an
-/// EtcdCluster).
+/// EtcdCluster); and the images their pods may run: the etcd images (upstream's and the
+/// classic operator's) and `minio/mc` for the etcd plugins, `redis` for redis.
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
     let plugins: [(&str, &str, &[&str], &str, &str); 4] = [
         (
             "guest-etcd",
             "plugin-etcd",
-            &["--grant", "client"],
+            &[
+                "--grant",
+                "client",
+                "--grant-image",
+                "gcr.io/etcd-development/etcd",
+                "--grant-image",
+                "quay.io/coreos/etcd",
+                "--grant-image",
+                "minio/mc",
+            ],
             "deploy/crds/etcdcluster.yaml",
             "policies/etcd.yaml",
         ),
         (
             "guest-etcd-backup",
             "plugin-etcd-backup",
-            &["--grant", "client"],
+            &[
+                "--grant",
+                "client",
+                "--grant-image",
+                "gcr.io/etcd-development/etcd",
+                "--grant-image",
+                "quay.io/coreos/etcd",
+                "--grant-image",
+                "minio/mc",
+            ],
             "deploy/crds/etcdbackup.yaml",
             "policies/etcd-backup.yaml",
         ),
@@ -344,7 +363,7 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
         (
             "guest-redis",
             "plugin-redis",
-            &["--grant-exchange", "redis"],
+            &["--grant-exchange", "redis", "--grant-image", "redis"],
             "deploy/crds/redisreplication.yaml",
             "policies/redis.yaml",
         ),

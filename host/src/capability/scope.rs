@@ -28,6 +28,9 @@ pub struct Grants {
     pub kinds: Option<Vec<String>>,
     /// How much the pods it creates may reach of the node (checked by the act stage).
     pub pod_security: PodSecurity,
+    /// The images its pods may run: repositories (every tag and digest) or prefixes ending in
+    /// `/` ([`crate::pod_inputs`]); `None`: any image.
+    pub images: Option<Vec<String>>,
 }
 
 /// How much a plugin's pods may reach of the node.
@@ -90,6 +93,7 @@ impl Grants {
             && !self.chaos
             && self.kinds.is_none()
             && self.pod_security == PodSecurity::Baseline
+            && self.images.is_none()
     }
 
     /// The grants as capabilities, for logs and Events: `app-call(client)`, `exchange(redis)`.
@@ -103,11 +107,16 @@ impl Grants {
             .map(|kinds| format!("kinds({})", kinds.join(", ")));
         let pods = (self.pod_security != PodSecurity::Baseline)
             .then(|| format!("pods({})", self.pod_security.name()));
+        let images = self
+            .images
+            .as_ref()
+            .map(|images| format!("images({})", images.join(", ")));
         app_calls
             .chain(exchanges)
             .chain(chaos)
             .chain(kinds)
             .chain(pods)
+            .chain(images)
             .collect()
     }
 }

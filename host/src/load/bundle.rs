@@ -28,6 +28,9 @@ pub const STATUS_VERBS: &[&str] = &["patch"];
 /// object before its first apply (does it exist, who controls it), create and patch
 /// (server-side apply, which creates), delete.
 pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// Pods a plugin may write may also be evicted (chaos drills go through the Eviction API, so
+/// the plugin's PodDisruptionBudget and the pod's grace period hold): weaker than `delete`.
+pub const EVICTION_VERBS: &[&str] = &["create"];
 /// A child kind the plugin declares but its grants do not let it write: the host still watches
 /// it (the plugin observes it), and writes nothing.
 pub const WATCHED_CHILD_VERBS: &[&str] = &["list", "watch"];
@@ -141,6 +144,9 @@ pub fn plugin_rules(info: &PolicyInfo, granted_kinds: Option<&[String]>) -> Vec<
             WATCHED_CHILD_VERBS
         };
         rules.push(rule(&child.group, child.plural.clone(), verbs));
+        if writable && child.group.is_empty() && child.plural == "pods" {
+            rules.push(rule("", "pods/eviction".to_owned(), EVICTION_VERBS));
+        }
     }
     rules
 }
@@ -281,13 +287,15 @@ mod tests {
                 "etcd.database.coreos.com/etcdclusters",
                 "etcd.database.coreos.com/etcdclusters/status",
                 "/pods",
+                "/pods/eviction",
                 "policy/poddisruptionbudgets"
             ]
         );
         assert_eq!(rules[0].1, TARGET_VERBS);
         assert_eq!(rules[1].1, STATUS_VERBS);
         assert_eq!(rules[2].1, CHILD_VERBS);
-        assert_eq!(rules[3].1, CHILD_VERBS);
+        assert_eq!(rules[3].1, EVICTION_VERBS);
+        assert_eq!(rules[4].1, CHILD_VERBS);
     }
 
     #[test]
@@ -295,7 +303,13 @@ mod tests {
         let granted = vec!["pods.v1".to_owned()];
         let rules = resources(&plugin_rules(&info(), Some(&granted)));
         assert_eq!(rules[2].1, CHILD_VERBS);
-        assert_eq!(rules[3].1, WATCHED_CHILD_VERBS);
+        assert_eq!(rules[4].1, WATCHED_CHILD_VERBS);
+        let granted = vec!["poddisruptionbudgets.policy/v1".to_owned()];
+        let rules = resources(&plugin_rules(&info(), Some(&granted)));
+        assert!(
+            !rules.iter().any(|(r, _)| r == "/pods/eviction"),
+            "pods it may not write, it may not evict either: {rules:?}"
+        );
     }
 
     #[test]

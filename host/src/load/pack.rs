@@ -7,9 +7,10 @@
 //! |---|---|---|
 //! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one |
 //! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
-//! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, and whether its parents may ask for chaos drills ([`crate::chaos`]); absent means none |
+//! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true, images: [redis]}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, whether its parents may ask for chaos drills ([`crate::chaos`]), the child kinds it may write, its pods' security level and images ([`crate::pod_inputs`]); absent means none (and any image) |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
 //! | `mode` | `data`, optional | `active` (default) or `shadow` |
+//! | `serial`, `signature`, `signedBy` | `data`, optional | the signature over all of the above and its key ([`crate::load::trust`]) |
 //!
 //! Reading a pack only decodes and checks what the ConfigMap says; compiling the component is
 //! the loader's job ([`crate::load::PluginLoader`]).
@@ -98,6 +99,9 @@ pub struct GrantsSpec {
     /// `baseline` (default) or `privileged`: what its pods may reach of the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<String>,
+    /// The images its pods may run (repositories, or prefixes ending in `/`); absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<String>>,
 }
 
 /// The defaults a pack's limits start from (the host's command-line limits).
@@ -327,6 +331,7 @@ impl PluginPack {
                 chaos: grants.chaos,
                 kinds: grants.kinds,
                 pod_security,
+                images: grants.images,
             },
             limits,
             concurrency,
@@ -432,6 +437,7 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
             pod_security: (options.grants.pod_security
                 != crate::capability::scope::PodSecurity::Baseline)
                 .then(|| options.grants.pod_security.name().to_owned()),
+            images: options.grants.images.clone(),
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
     }
@@ -490,6 +496,7 @@ mod tests {
                 chaos: true,
                 kinds: Some(vec!["configmaps.v1".into()]),
                 pod_security: crate::capability::scope::PodSecurity::Privileged,
+                images: Some(vec!["gcr.io/etcd-development/etcd".into()]),
             },
             limits: LimitsSpec {
                 deadline_ms: Some(2500),

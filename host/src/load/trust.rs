@@ -7,15 +7,26 @@
 //! signature, by one of those keys, over:
 //!
 //! ```text
-//! policy-host plugin signature v1
+//! policy-host plugin signature v2
+//! name:<metadata.name of the ConfigMap>
 //! sha256:<hex sha256 of the uncompressed component>
 //! grants:<data.grants exactly as written, empty when absent>
+//! limits:<data.limits exactly as written, empty when absent>
+//! mode:<data.mode exactly as written, empty when absent>
+//! serial:<data.serial>
 //! ```
 //!
-//! The signature covers the grants as well as the code: what a plugin may reach is part of what
-//! the key holder approved, so a ConfigMap writer cannot widen a signed plugin's grants (the
-//! sha256 pin stays for integrity, the signature is what grants trust). Limits and mode are not
-//! covered: they only narrow what a plugin does (a shadow never writes).
+//! The signature covers everything a ConfigMap writer could otherwise turn against the key
+//! holder's approval (review L1): the code, the grants (what the plugin may reach), the mode (a
+//! shadow flipped to `active` starts writing), the limits (memory, deadline and concurrency
+//! raised to the host's ceiling), and the name (a pack signed for one ConfigMap cannot stand in
+//! for another). The serial stops replays: the host remembers, per ConfigMap name, the highest
+//! serial it verified and refuses an older one (an earlier signed pack with a known bug). That
+//! memory lives in the host's process: a replay written while no host runs is refused only
+//! when it is older than what the host lists first on start.
+//!
+//! Packs signed by the previous scheme (`v1`: component and grants only, no serial) are refused
+//! with `PluginSignatureOutdated`, whatever they carry: accepting them would keep the hole open.
 //!
 //! Why plain ed25519 and not sigstore/cosign: keyless signing needs Fulcio and Rekor on the
 //! network, and cosign's keyed signatures sign OCI manifests, which a ConfigMap pack is not;
@@ -23,7 +34,9 @@
 //! which the host already links for TLS, and its keys are the PEM files `openssl genpkey
 //! -algorithm ed25519` writes (or `policy-host keygen`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -32,12 +45,14 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{PrivatePkcs8KeyDer, SubjectPublicKeyInfoDer};
 use sha2::{Digest, Sha256};
 
-use super::pack::{GRANTS_KEY, sha256_hex};
+use super::pack::{GRANTS_KEY, LIMITS_KEY, MODE_KEY, sha256_hex};
 
 /// `data` key of the signature: 128 hex digits.
 pub const SIGNATURE_KEY: &str = "signature";
 /// `data` key naming the key that signed: its [`key_id`].
 pub const SIGNED_BY_KEY: &str = "signedBy";
+/// `data` key of the pack's serial: a signed number that only grows (replay protection).
+pub const SERIAL_KEY: &str = "serial";
 
 /// The DER prefix of an ed25519 SubjectPublicKeyInfo (RFC 8410): the 32-byte key follows.
 const ED25519_SPKI_PREFIX: [u8; 12] = [
@@ -89,9 +104,10 @@ pub enum TrustError {
         /// The trusted key ids.
         expected: String,
     },
-    /// The signature does not verify: the component or the grants changed since signing.
+    /// The signature does not verify: the name, component, grants, limits, mode or serial
+    /// changed since signing.
     #[error(
-        "ConfigMap {config_map}: the signature by key {signed_by} does not match the component and grants ({problem}); they were changed after signing: repack and sign again with `policy-host pack --sign`"
+        "ConfigMap {config_map}: the signature by key {signed_by} does not match its name, component, grants, limits, mode and serial ({problem}); they were changed after signing: repack and sign again with `policy-host pack --sign`"
     )]
     BadSignature {
         /// namespace/name.
@@ -100,6 +116,27 @@ pub enum TrustError {
         signed_by: String,
         /// What failed.
         problem: String,
+    },
+    /// The pack carries a signature of the previous scheme, which binds neither mode, limits,
+    /// name nor a serial.
+    #[error(
+        "ConfigMap {config_map} is signed by the previous scheme (v1: no data.serial), which does not cover its name, mode, limits or a serial, so this host does not load it; sign it again with this version's `policy-host pack --sign`"
+    )]
+    OutdatedSignature {
+        /// namespace/name.
+        config_map: String,
+    },
+    /// A validly signed pack older than one this host already verified under the same name.
+    #[error(
+        "ConfigMap {config_map} carries a pack signed with serial {serial}, older than serial {loaded} this host already verified under that name: an earlier pack was put back (a rollback or a replay); to roll back on purpose, sign that pack again with a higher `--serial`"
+    )]
+    Replayed {
+        /// namespace/name.
+        config_map: String,
+        /// The pack's serial.
+        serial: u64,
+        /// The highest serial verified under that name.
+        loaded: u64,
     },
 }
 
@@ -111,6 +148,8 @@ impl TrustError {
             TrustError::Unsigned { .. } => "PluginUnsigned",
             TrustError::UnknownKey { .. } => "PluginUntrusted",
             TrustError::BadSignature { .. } => "PluginSignatureInvalid",
+            TrustError::OutdatedSignature { .. } => "PluginSignatureOutdated",
+            TrustError::Replayed { .. } => "PluginSignatureReplayed",
         }
     }
 }
@@ -122,17 +161,25 @@ pub fn key_id(public_key: &[u8]) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The bytes a pack's signature covers.
-pub fn signed_message(component_sha256: &str, grants: &str) -> Vec<u8> {
-    format!("policy-host plugin signature v1\nsha256:{component_sha256}\ngrants:{grants}")
-        .into_bytes()
+/// The bytes the signature of pack `cm`, whose component hashes to `component_sha256`, covers
+/// (see the module docs).
+pub fn signed_message(cm: &ConfigMap, component_sha256: &str) -> Vec<u8> {
+    let name = cm.metadata.name.as_deref().unwrap_or_default();
+    format!(
+        "policy-host plugin signature v2\nname:{name}\nsha256:{component_sha256}\ngrants:{}\nlimits:{}\nmode:{}\nserial:{}",
+        data_text(cm, GRANTS_KEY),
+        data_text(cm, LIMITS_KEY),
+        data_text(cm, MODE_KEY),
+        data_text(cm, SERIAL_KEY),
+    )
+    .into_bytes()
 }
 
-/// The grants text as signed: `data.grants` as written (empty when absent).
-fn grants_text(cm: &ConfigMap) -> &str {
+/// `data[key]` exactly as written, empty when absent.
+fn data_text<'a>(cm: &'a ConfigMap, key: &str) -> &'a str {
     cm.data
         .as_ref()
-        .and_then(|d| d.get(GRANTS_KEY))
+        .and_then(|d| d.get(key))
         .map_or("", String::as_str)
 }
 
@@ -197,12 +244,18 @@ impl TrustedKey {
 #[derive(Clone, Debug, Default)]
 pub struct TrustPolicy {
     keys: Vec<TrustedKey>,
+    /// ConfigMap name → the highest serial verified under it. Shared by clones; one entry per
+    /// name a trusted key signed, so it grows only with what the admin signs.
+    serials: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl TrustPolicy {
     /// A policy trusting exactly these keys.
     pub fn new(keys: Vec<TrustedKey>) -> TrustPolicy {
-        TrustPolicy { keys }
+        TrustPolicy {
+            keys,
+            serials: Arc::default(),
+        }
     }
 
     /// Reads each file as a trusted public key (`--trusted-key`).
@@ -211,7 +264,7 @@ impl TrustPolicy {
             .iter()
             .map(|p| TrustedKey::from_pem_file(p))
             .collect::<Result<_, _>>()?;
-        Ok(TrustPolicy { keys })
+        Ok(TrustPolicy::new(keys))
     }
 
     /// The same policy, trusting `keys` too.
@@ -262,14 +315,33 @@ impl TrustPolicy {
             signed_by: signed_by.to_owned(),
             problem: problem.to_owned(),
         };
+        if !data.contains_key(SERIAL_KEY) {
+            return Err(TrustError::OutdatedSignature { config_map });
+        }
         let signature =
             from_hex(signature).ok_or_else(|| bad("data.signature is not 128 hex digits"))?;
         UnparsedPublicKey::new(&ED25519, &key.raw)
-            .verify(
-                &signed_message(component_sha256, grants_text(cm)),
-                &signature,
-            )
-            .map_err(|_| bad("ed25519 verification failed"))
+            .verify(&signed_message(cm, component_sha256), &signature)
+            .map_err(|_| bad("ed25519 verification failed"))?;
+        let serial = data_text(cm, SERIAL_KEY)
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| bad("data.serial is not a whole number"))?;
+        // Only a verified serial moves the floor: a forged one never reaches here.
+        let mut serials = self
+            .serials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = serials.entry(cm.name_any()).or_insert(serial);
+        if serial < *loaded {
+            return Err(TrustError::Replayed {
+                config_map,
+                serial,
+                loaded: *loaded,
+            });
+        }
+        *loaded = serial;
+        Ok(())
     }
 }
 
@@ -318,11 +390,19 @@ impl SigningKey {
         key_id(self.pair.public_key().as_ref())
     }
 
-    /// Writes `data.signature` and `data.signedBy` into pack `cm`, over its component's sha256
-    /// (`data.sha256`, which `pack` always writes) and its grants.
+    /// Writes `data.signature` and `data.signedBy` into pack `cm`, over its name, its
+    /// component's sha256 (`data.sha256`, which `pack` always writes), grants, limits, mode and
+    /// serial. A pack without `data.serial` gets the current Unix time in seconds, so packs
+    /// signed later carry higher serials.
     pub fn sign(&self, cm: &mut ConfigMap, component_sha256: &str) {
-        let message = signed_message(component_sha256, grants_text(cm));
-        let signature = self.pair.sign(&message);
+        let data = cm.data.get_or_insert_with(Default::default);
+        data.entry(SERIAL_KEY.to_owned()).or_insert_with(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+                .to_string()
+        });
+        let signature = self.pair.sign(&signed_message(cm, component_sha256));
         let data = cm.data.get_or_insert_with(Default::default);
         data.insert(SIGNATURE_KEY.to_owned(), to_hex(signature.as_ref()));
         data.insert(SIGNED_BY_KEY.to_owned(), self.id());
@@ -498,6 +578,112 @@ mod tests {
         let error = keys.policy().verify(&cm, SHA).expect_err("widened");
         assert_eq!(error.reason(), "PluginSignatureInvalid");
         assert!(error.to_string().contains("sign again"), "{error}");
+    }
+
+    fn with_data(mut cm: ConfigMap, key: &str, value: &str) -> ConfigMap {
+        cm.data
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        cm
+    }
+
+    fn signed(keys: &Keys, cm: ConfigMap) -> ConfigMap {
+        let mut cm = cm;
+        keys.signer().sign(&mut cm, SHA);
+        cm
+    }
+
+    #[test]
+    fn a_shadow_pack_flipped_to_active_is_refused() {
+        let keys = Keys::new("mode");
+        let cm = signed(&keys, with_data(pack(None), MODE_KEY, "shadow"));
+        assert_eq!(
+            keys.policy().verify(&cm, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        for mode in ["active", ""] {
+            let flipped = with_data(cm.clone(), MODE_KEY, mode);
+            let error = keys.policy().verify(&flipped, SHA).expect_err("flipped");
+            assert_eq!(error.reason(), "PluginSignatureInvalid", "mode {mode:?}");
+        }
+    }
+
+    #[test]
+    fn raised_limits_under_a_signature_are_refused() {
+        let keys = Keys::new("limits");
+        let cm = signed(
+            &keys,
+            with_data(pack(None), LIMITS_KEY, "{memoryMiB: 64, concurrency: 4}"),
+        );
+        let raised = with_data(cm.clone(), LIMITS_KEY, "{memoryMiB: 512, concurrency: 64}");
+        let error = keys.policy().verify(&raised, SHA).expect_err("raised");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+        let mut unlimited = cm;
+        if let Some(data) = unlimited.data.as_mut() {
+            data.remove(LIMITS_KEY);
+        }
+        let error = keys.policy().verify(&unlimited, SHA).expect_err("removed");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    #[test]
+    fn a_signed_pack_under_another_name_is_refused() {
+        let keys = Keys::new("name");
+        let mut cm = signed(&keys, pack(None));
+        cm.metadata.name = Some("etcd-canary".into());
+        let error = keys.policy().verify(&cm, SHA).expect_err("renamed");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    #[test]
+    fn a_serial_older_than_the_one_verified_is_refused_and_the_same_one_loads_again() {
+        let keys = Keys::new("serial");
+        let policy = keys.policy();
+        let newer = signed(&keys, with_data(pack(None), SERIAL_KEY, "5"));
+        let older = signed(&keys, with_data(pack(None), SERIAL_KEY, "3"));
+        assert_eq!(
+            policy.verify(&newer, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        let error = policy.verify(&older, SHA).expect_err("replayed");
+        assert_eq!(error.reason(), "PluginSignatureReplayed");
+        assert!(error.to_string().contains("serial 3"), "{error}");
+        assert!(error.to_string().contains("serial 5"), "{error}");
+        assert_eq!(
+            policy.verify(&newer, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        // The floor is per ConfigMap: another pack starts its own.
+        let mut other = with_data(pack(None), SERIAL_KEY, "3");
+        other.metadata.name = Some("redis".into());
+        let other = signed(&keys, other);
+        assert_eq!(
+            policy.verify(&other, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        // A serial changed after signing does not verify at all.
+        let bumped = with_data(older, SERIAL_KEY, "9");
+        let error = policy.verify(&bumped, SHA).expect_err("bumped");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    #[test]
+    fn a_pack_signed_by_the_previous_scheme_is_refused_saying_to_sign_again() {
+        let keys = Keys::new("v1");
+        let signer = keys.signer();
+        let mut cm = pack(Some("appCall: [client]"));
+        let v1 = format!("policy-host plugin signature v1\nsha256:{SHA}\ngrants:appCall: [client]");
+        let signature = signer.pair.sign(v1.as_bytes());
+        if let Some(data) = cm.data.as_mut() {
+            data.insert(SIGNATURE_KEY.into(), to_hex(signature.as_ref()));
+            data.insert(SIGNED_BY_KEY.into(), signer.id());
+        }
+        let error = keys.policy().verify(&cm, SHA).expect_err("v1");
+        assert_eq!(error.reason(), "PluginSignatureOutdated");
+        assert!(
+            error.to_string().contains("policy-host pack --sign"),
+            "{error}"
+        );
     }
 
     #[test]

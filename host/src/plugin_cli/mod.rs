@@ -12,7 +12,7 @@ use crate::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Plugin, Sandbox};
 use crate::load::bundle;
 use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
-use crate::load::trust::{SigningKey, TrustError};
+use crate::load::trust::{self, SigningKey, TrustError};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
 
 /// Largest ConfigMap the API server stores (etcd's default request limit).
@@ -123,6 +123,8 @@ pub struct PackRequest {
     pub shadow: bool,
     /// Sign the pack with this ed25519 private key (PEM, PKCS#8).
     pub sign: Option<PathBuf>,
+    /// The signed pack's serial (`None`: the current Unix time in seconds).
+    pub serial: Option<u64>,
     /// Write a bundle with these CRD files (one must define the plugin's target) and the
     /// plugin's ClusterRole before the ConfigMap; empty: the ConfigMap alone.
     pub bundle_crds: Vec<PathBuf>,
@@ -169,6 +171,12 @@ pub async fn pack(
     let mut config_map =
         pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
     if let Some(signer) = &signer {
+        if let Some(serial) = request.serial {
+            config_map
+                .data
+                .get_or_insert_with(Default::default)
+                .insert(trust::SERIAL_KEY.to_owned(), serial.to_string());
+        }
         signer.sign(&mut config_map, plugin.content_sha256());
     }
     let size = serde_json::to_vec(&config_map).map_or(0, |v| v.len());

@@ -88,7 +88,11 @@ async fn a_classic_backup_goes_to_s3_verified_and_a_classic_restore_brings_its_k
         let namespace = fixture.namespace.to_string();
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
         let credentials: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "aws"},
+            // Read by the backup plugin's pods, and by the etcd plugin's when a restore
+            // starts a cluster from the bucket.
+            "metadata": {"name": "aws", "labels": {
+                "mountable-by.policy-host.io/etcd-backup": "true",
+                "mountable-by.policy-host.io/etcd": "true"}},
             "stringData": {"accessKeyID": ACCESS_KEY, "secretAccessKey": SECRET_KEY},
         }))?;
         secrets.create(&PostParams::default(), &credentials).await?;

@@ -54,7 +54,8 @@ async fn snapshots_go_to_s3_keeping_n_and_a_new_cluster_restores_from_it() -> an
         minio.mc(&["mb", &format!("s3/{BUCKET}")]).await?;
         let secrets: Api<Secret> = Api::namespaced(fixture.env.client().await?, &fixture.namespace);
         let credentials: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "s3-credentials"},
+            "metadata": {"name": "s3-credentials",
+                "labels": {"mountable-by.policy-host.io/etcd": "true"}},
             "stringData": {"accessKeyID": ACCESS_KEY, "secretAccessKey": SECRET_KEY},
         }))?;
         secrets.create(&PostParams::default(), &credentials).await?;

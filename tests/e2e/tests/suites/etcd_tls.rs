@@ -93,6 +93,11 @@ impl Certificates {
         Secret {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.to_owned()),
+                // Opted in for the etcd plugin's pods (its members and backup pods mount it).
+                labels: Some(BTreeMap::from([(
+                    "mountable-by.policy-host.io/etcd".to_owned(),
+                    "true".to_owned(),
+                )])),
                 ..Default::default()
             },
             type_: Some("kubernetes.io/tls".to_owned()),

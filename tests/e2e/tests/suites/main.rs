@@ -3,7 +3,7 @@
 //! (`--test-threads`), each test in its own namespace, deleted when the test ends.
 //!
 //! Why one binary: each test binary starts its own control plane and node (13–15 s) and links
-//! the host, kube and wasmtime again; one binary for 25 suites takes minutes off every CI run
+//! the host, kube and wasmtime again; one binary for 27 suites takes minutes off every CI run
 //! (BENCHMARKS.md). A suite that changes what every namespace sees (a CRD deleted, a host
 //! installed cluster-wide) stays a binary of its own in `tests/e2e/tests/`: `finalizer_crd`,
 //! `install`, `plugin_bundle`. (`helm_chart` is here: its apply is a server-side dry run, and the
@@ -24,6 +24,7 @@ mod etcd_partition;
 mod etcd_paused;
 mod etcd_real_node;
 mod etcd_s3;
+mod etcd_tenant;
 mod etcd_tls;
 mod helm_chart;
 mod host_contract;
