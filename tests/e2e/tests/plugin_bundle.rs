@@ -120,6 +120,9 @@ async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_righ
             name: Some("plugin-my-app".into()),
             sign: Some(key.private.clone()),
             bundle_crds: vec![dir.join("crd.yaml")],
+            // The template holds sessions with its Pods' `app` port (README: `--grant-exchange
+            // app`); granting what it asks for grants that.
+            grant_requested: true,
             ..PackRequest::default()
         },
         &plugin_cli::host_defaults(),
@@ -161,7 +164,19 @@ async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_righ
             "crd/myapps.my-app.example.com",
         ],
     )?;
-    let example = dir.join("example.yaml").display().to_string();
+    // The template's example, its app Pods on the Redis image the node has (no registry here).
+    let redis = env.binaries().redis_version().ok_or_else(|| {
+        anyhow::anyhow!("redis is not installed: tests/env/build-binaries.sh redis")
+    })?;
+    let example = keys.path().join("example.yaml");
+    std::fs::write(
+        &example,
+        format!(
+            "{}  image: redis:{redis}\n",
+            std::fs::read_to_string(dir.join("example.yaml"))?
+        ),
+    )?;
+    let example = example.display().to_string();
     kubectl(env, &["-n", &namespace, "apply", "-f", &example])?;
 
     // The aggregation controller folds the bundle's rules into the host's ClusterRole.

@@ -231,21 +231,41 @@ async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result
     let version = env.binaries().default_etcd_version().to_string();
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
-    let mut bad = example_cluster(&version, 0)?;
-    bad["metadata"]["name"] = json!("bad-size");
+    // What the object shows by itself is refused at apply by the CRD's CEL rules (README,
+    // "Validation"): size 0 never reaches the plugin.
+    let mut zero = example_cluster(&version, 0)?;
+    zero["metadata"]["name"] = json!("zero-size");
+    let refused = clusters
+        .patch(
+            "zero-size",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(&zero),
+        )
+        .await
+        .expect_err("size 0 is refused by the API server");
+    assert!(
+        refused.to_string().contains("spec.size"),
+        "the refusal says what to fix: {refused}"
+    );
+
+    // What needs more than the object's fields (here: the names its children would get) is
+    // the plugin's to refuse: a condition and an Event, and nothing applied.
+    let bad_name = format!("bad-{}", "x".repeat(56));
+    let mut bad = example_cluster(&version, 3)?;
+    bad["metadata"]["name"] = json!(bad_name);
     clusters
         .patch(
-            "bad-size",
+            &bad_name,
             &PatchParams::apply("e2e").force(),
             &Patch::Apply(&bad),
         )
         .await?;
 
     let condition = wait_for(
-        "bad-size to be Degraded with InvalidSpec",
+        "the long-named cluster to be Degraded with InvalidSpec",
         CONVERGE,
         || async {
-            let object = clusters.get_opt("bad-size").await.ok().flatten()?;
+            let object = clusters.get_opt(&bad_name).await.ok().flatten()?;
             let conditions = object.data["status"]["conditions"].as_array()?.clone();
             conditions.into_iter().find(|c| {
                 c["type"] == json!("Degraded")
@@ -258,7 +278,7 @@ async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result
     assert!(
         condition["message"]
             .as_str()
-            .is_some_and(|m| m.contains("spec.size")),
+            .is_some_and(|m| m.contains("metadata.name") && m.contains("at most 56 characters")),
         "the message says what to fix: {condition}"
     );
 
@@ -272,7 +292,7 @@ async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result
             list.items
                 .into_iter()
                 .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad-size")
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(bad_name.as_str())
                         && e.type_.as_deref() == Some("Warning")
                 })
                 .map(|_| ())
@@ -281,7 +301,7 @@ async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result
     .await?;
     // No member pods for a rejected spec.
     assert!(
-        member_pods(&client, &namespace, "bad-size")
+        member_pods(&client, &namespace, &bad_name)
             .await?
             .is_empty()
     );

@@ -115,6 +115,10 @@ pub fn app_pod(parent: &str, ordinal: u32, image: &str) -> serde_json::Value {
         .label("app.kubernetes.io/instance", parent)
         .container(
             Container::new("app", image)
+                // Redis answers a client from another address only outside its protected mode
+                // (with no password set, it answers `-DENIED` instead of `+PONG`); the host
+                // holds the sessions from the operator's address, never from loopback.
+                .args(["redis-server", "--protected-mode", "no"])
                 .port(APP_PORT, 6379)
                 .ready_on_tcp(APP_PORT),
         )
