@@ -1151,7 +1151,12 @@ mod tests {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m"},
             "spec": {"containers": [{"name": "etcd", "image": "evil.example/etcd:v3"}]}});
         let error = executor
-            .apply_decision(&parent(), &observed(), vec![Action::Apply(pod.to_string())])
+            .apply_decision(
+                &parent(),
+                &observed(),
+                vec![Action::Apply(pod.to_string())],
+                &mut Carried::default(),
+            )
             .await
             .expect_err("an image outside the grants is refused");
         assert_eq!(error.reason(), "ActionRefused", "{error}");
@@ -1205,7 +1210,9 @@ mod tests {
     fn a_policys_events_are_bounded_per_minute() {
         let start = Instant::now();
         let max = MAX_EVENTS_PER_MINUTE as usize;
-        let rows: Vec<(&str, Vec<(u64, usize)>, usize)> = vec![
+        // (situation, Events asked for as (seconds into the window, how many), let through)
+        type Row = (&'static str, Vec<(u64, usize)>, usize);
+        let rows: Vec<Row> = vec![
             ("within the minute's budget", vec![(0, max)], max),
             ("past it in the same minute", vec![(0, max), (59, 10)], max),
             (
