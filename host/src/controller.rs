@@ -18,6 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
+use crate::capability::credentials::{CredentialParent, CredentialSource, LiveCredentials};
 use crate::capability::replay::AppCallRecorder;
 use crate::capability::scope::{AppCallScope, Grants};
 use crate::chaos::{CHAOS_ANNOTATION, ChaosSchedule, Turn, pick_pod, progressing};
@@ -593,7 +594,19 @@ async fn reconcile(
         loaded.grants.clone(),
         ctx.http.clone(),
     )
-    .with_tls(ctx.tls.clone(), parent.namespace().unwrap_or_default());
+    .with_tls(ctx.tls.clone(), parent.namespace().unwrap_or_default())
+    .with_credentials(CredentialSource::Live(Box::new(LiveCredentials {
+        client: ctx.client.clone(),
+        parent: CredentialParent {
+            namespace: parent.namespace().unwrap_or_default(),
+            name: parent.name_any(),
+            api_version: plugin.info().target.api_version(),
+            kind: plugin.info().target.kind.clone(),
+            uid: parent.metadata.uid.clone().unwrap_or_default(),
+        },
+        plugin: plugin.info().name.clone(),
+        may_create: true,
+    })));
     let started = Instant::now();
     if deleting {
         let doing = format!("finalizing {label}");

@@ -177,6 +177,11 @@ enum Command {
         /// prefix when it ends in `/`; repeat for several. Without any, any image.
         #[arg(long = "grant-image", value_name = "REPOSITORY")]
         grant_images: Vec<String>,
+        /// Let it read credentials from this Secret of its parent's namespace: a name, or a
+        /// pattern with `{parent}` (`{parent}-credentials`); with `:key,key` the host creates
+        /// the Secret with random values for those keys when it is absent. Repeat for several.
+        #[arg(long = "grant-secret", value_name = "NAME[:KEY,...]")]
+        grant_secrets: Vec<String>,
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
@@ -429,6 +434,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_kinds,
             grant_pod_security,
             grant_images,
+            grant_secrets,
             shadow,
             sign,
             serial,
@@ -449,6 +455,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     )
                     .map_err(anyhow::Error::msg)?,
                     images: (!grant_images.is_empty()).then_some(grant_images),
+                    secrets: grant_secrets
+                        .iter()
+                        .map(|text| policy_host::capability::credentials::SecretGrant::parse(text))
+                        .collect::<Result<_, _>>()
+                        .map_err(anyhow::Error::msg)?,
                 },
                 grant_requested,
                 limits: limits.spec(),

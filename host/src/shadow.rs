@@ -237,7 +237,8 @@ pub async fn run_candidate(
     recording: &AppCallRecorder,
 ) -> Comparison {
     let script = recording.replay();
-    let scope = AppCallScope::scripted(parent.clone(), script.clone());
+    let scope = AppCallScope::scripted(parent.clone(), script.clone())
+        .with_credentials(recording.credentials());
     let doing = format!("shadowing {parent}");
     let outcome = candidate.reconcile(observation, scope, &doing).await;
     let recorded = recording.calls();

@@ -27,12 +27,17 @@ fn file(dir: &str, name: &str, text: &str) -> PathBuf {
 }
 
 async fn run(behaviour: &str, responses: Option<&str>, steps: u32) -> Vec<Step> {
-    let dir = format!("{behaviour}-{}", responses.is_some());
+    run_with(behaviour, "", responses, steps).await
+}
+
+/// As [`run`], with more lines of `spec` (each `  key: value\n`).
+async fn run_with(behaviour: &str, spec: &str, responses: Option<&str>, steps: u32) -> Vec<Step> {
+    let dir = format!("{behaviour}-{}-{}", responses.is_some(), spec.len());
     let cr = file(
         &dir,
         "cr.yaml",
         &format!(
-            "apiVersion: test.policy-host.io/v1\nkind: Probe\nmetadata:\n  name: sim\nspec:\n  behaviour: {behaviour}\n"
+            "apiVersion: test.policy-host.io/v1\nkind: Probe\nmetadata:\n  name: sim\nspec:\n  behaviour: {behaviour}\n{spec}"
         ),
     );
     let request = SimulateRequest {
@@ -98,5 +103,36 @@ async fn app_calls_are_answered_from_the_responder_file() {
             .as_str()
             .is_some_and(|s| s.starts_with("unreachable: no scripted answer")),
         "{status}"
+    );
+}
+
+#[tokio::test]
+async fn credentials_are_answered_from_the_responder_file_and_never_printed() {
+    let value = "simulated-password-1";
+    let responses =
+        format!("credentials:\n  - {{ secret: sim-auth, key: token, value: {value} }}\n");
+    let steps = run("credential", Some(&responses), 1).await;
+    let status = steps[0].status.clone().unwrap_or_default();
+    assert_eq!(status["credential"], "read 20 bytes", "{status}");
+
+    let unscripted = run("credential", None, 1).await;
+    let status = unscripted[0].status.clone().unwrap_or_default();
+    assert!(
+        status["credential"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("missing:")),
+        "{status}"
+    );
+
+    let leaked = run_with("credential", "  leak: status\n", Some(&responses), 1).await;
+    let error = leaked[0].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("PluginLeaksCredential") || error.contains("sim-auth` key `token"),
+        "{error}"
+    );
+    let printed = serde_json::to_string(&leaked).expect("steps serialize");
+    assert!(
+        !printed.contains(value),
+        "the simulation printed the value: {printed}"
     );
 }

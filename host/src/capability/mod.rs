@@ -1,13 +1,14 @@
 //! The plugin's only ways out of the sandbox, each with its grant, its limits and the host side
 //! of its WIT import: HTTP app-calls ([`http`], with TLS from [`tls`]), raw exchanges
-//! ([`exchange`]), all checked against one reconcile's [`scope`] and answered, when there is
-//! no network, by [`replay`].
+//! ([`exchange`]) and credentials for them ([`credentials`]), all checked against one
+//! reconcile's [`scope`] and answered, when there is no network, by [`replay`].
 //!
 //! The capabilities take their types from [`crate::contract`] and nothing else of the host.
 //! The sandbox (`decide`) puts them together: each instance's state holds one [`Doors`] and
 //! [`Doors::add_to_linker`] links their imports through a projection, as Spin's embedder does
 //! with its factors.
 
+pub mod credentials;
 pub mod exchange;
 pub mod http;
 pub mod replay;
@@ -17,6 +18,7 @@ pub mod tls;
 use wasmtime::component::{HasSelf, Linker};
 
 use crate::contract;
+use credentials::HandedOut;
 use exchange::Connections;
 use scope::AppCallScope;
 
@@ -37,6 +39,8 @@ pub struct Doors {
     exchanged: usize,
     /// Connections this instance opened in all.
     opened: usize,
+    /// Credentials handed to the plugin in this decision: they must not leave it.
+    handed_out: Vec<HandedOut>,
 }
 
 impl Doors {
@@ -51,6 +55,7 @@ impl Doors {
             connections: Connections::default(),
             exchanged: 0,
             opened: 0,
+            handed_out: Vec::new(),
         }
     }
 
@@ -79,6 +84,36 @@ impl Doors {
         self.oversized_output = Some(size);
     }
 
+    /// The credentials handed to the plugin so far in this decision.
+    pub fn handed_out(&self) -> &[HandedOut] {
+        &self.handed_out
+    }
+
+    /// Remembers a credential handed out; a recording that already carries it, or will, is
+    /// marked incomplete when the decision ends ([`Self::seal`]).
+    pub(crate) fn note_handed_out(&mut self, handed: HandedOut) {
+        if !self
+            .handed_out
+            .iter()
+            .any(|h| h.secret == handed.secret && h.key == handed.key)
+        {
+            if let Some(recorder) = self.scope.recorder() {
+                recorder.record_credential(&handed);
+            }
+            self.handed_out.push(handed);
+        }
+    }
+
+    /// Ends the decision's use of the doors: a recording whose bytes carry a credential
+    /// handed out is emptied and marked incomplete, so it is never replayed (a shadow
+    /// candidate would otherwise be shown the value, and the value would sit in host memory
+    /// for as long as the recording does).
+    pub fn seal(&self) {
+        if let Some(recorder) = self.scope.recorder() {
+            recorder.forget_if_carrying(&self.handed_out);
+        }
+    }
+
     /// Links the imports of every capability, of the current contract and of the previous
     /// ones, into `linker`; `doors` finds an instance's [`Doors`] in its state.
     pub fn add_to_linker<T: Send + 'static>(
@@ -87,6 +122,7 @@ impl Doors {
     ) -> wasmtime::Result<()> {
         contract::app_call::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
         contract::exchange::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
+        contract::credentials::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
         contract::v0_1::policy_host::policy::app_call::add_to_linker::<T, HasSelf<Doors>>(
             linker, doors,
         )?;

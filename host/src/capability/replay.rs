@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::credentials::HandedOut;
 use crate::contract::app_call::{CallError, Request, Response};
 use crate::contract::exchange::ExchangeError;
 
@@ -219,6 +220,9 @@ pub struct AppCallRecorder {
     rounds: Arc<Mutex<Vec<ExchangeRound>>>,
     /// Bytes kept so far, and whether something was left out (over [`RECORDING_BUDGET`]).
     kept: Arc<Mutex<(usize, bool)>>,
+    /// Credentials handed to the recorded plugin, by `(secret, key)`: a shadow candidate is
+    /// handed the same ones. Kept in memory only, for as long as the recording.
+    credentials: Arc<Mutex<super::credentials::CredentialValues>>,
 }
 
 /// Bytes an answer to an app-call holds.
@@ -260,6 +264,61 @@ impl AppCallRecorder {
     /// replay of it would not show the same application, so it is not used.
     pub fn is_complete(&self) -> bool {
         self.kept.lock().map(|k| !k.1).unwrap_or(false)
+    }
+
+    /// Keeps a credential handed to the recorded plugin, for its replay.
+    pub(crate) fn record_credential(&self, handed: &HandedOut) {
+        if let Ok(mut credentials) = self.credentials.lock() {
+            credentials.insert(
+                (handed.secret.clone(), handed.key.clone()),
+                handed.value.clone(),
+            );
+        }
+    }
+
+    /// The credentials the recorded plugin was handed, for a replay's scope.
+    pub fn credentials(&self) -> super::credentials::CredentialSource {
+        super::credentials::CredentialSource::Scripted(Arc::new(
+            self.credentials
+                .lock()
+                .map(|c| c.clone())
+                .unwrap_or_default(),
+        ))
+    }
+
+    /// Empties the recording and marks it incomplete if any request, answer or exchange round
+    /// carries a value of `handed` (see [`super::credentials`]).
+    pub fn forget_if_carrying(&self, handed: &[HandedOut]) {
+        if handed.is_empty() {
+            return;
+        }
+        let carries = |bytes: &[u8]| handed.iter().any(|h| h.is_in(bytes));
+        let in_calls = self.exchanges.lock().is_ok_and(|calls| {
+            calls.iter().any(|(request, answer)| {
+                carries(request.path.as_bytes())
+                    || request.body.as_ref().is_some_and(|b| carries(b.as_bytes()))
+                    || answer.as_ref().is_ok_and(|r| carries(r.body.as_bytes()))
+            })
+        });
+        let in_rounds = self.rounds.lock().is_ok_and(|rounds| {
+            rounds.iter().any(|round| {
+                carries(&round.request) || round.reply.as_ref().is_ok_and(|r| carries(r))
+            })
+        });
+        if in_calls || in_rounds {
+            if let Ok(mut calls) = self.exchanges.lock() {
+                calls.clear();
+            }
+            if let Ok(mut rounds) = self.rounds.lock() {
+                rounds.clear();
+            }
+            if let Ok(mut kept) = self.kept.lock() {
+                *kept = (0, true);
+            }
+            if let Ok(mut credentials) = self.credentials.lock() {
+                credentials.clear();
+            }
+        }
     }
 
     /// Takes `size` bytes of the budget, or marks the recording incomplete.

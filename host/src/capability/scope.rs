@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::credentials::{CredentialSource, SecretGrant};
 use super::replay::{AppCallRecorder, AppCallScript};
 use super::tls::AppTls;
 use crate::contract::Capability;
@@ -31,6 +32,9 @@ pub struct Grants {
     /// The images its pods may run: repositories (every tag and digest) or prefixes ending in
     /// `/` ([`crate::pod_inputs`]); `None`: any image.
     pub images: Option<Vec<String>>,
+    /// The Secrets of its parent's namespace it may read credentials from (and which of their
+    /// keys the host generates), see [`super::credentials`].
+    pub secrets: Vec<SecretGrant>,
 }
 
 /// How much a plugin's pods may reach of the node.
@@ -94,6 +98,7 @@ impl Grants {
             && self.kinds.is_none()
             && self.pod_security == PodSecurity::Baseline
             && self.images.is_none()
+            && self.secrets.is_empty()
     }
 
     /// The grants as capabilities, for logs and Events: `app-call(client)`, `exchange(redis)`.
@@ -111,12 +116,14 @@ impl Grants {
             .images
             .as_ref()
             .map(|images| format!("images({})", images.join(", ")));
+        let secrets = self.secrets.iter().map(SecretGrant::describe);
         app_calls
             .chain(exchanges)
             .chain(chaos)
             .chain(kinds)
             .chain(pods)
             .chain(images)
+            .chain(secrets)
             .collect()
     }
 }
@@ -219,6 +226,8 @@ pub struct AppCallScope {
     pub(super) tls: Option<(AppTls, String)>,
     pub(super) script: Option<AppCallScript>,
     pub(super) recorder: Option<AppCallRecorder>,
+    /// Where `credentials.read` finds values.
+    pub(super) credentials: CredentialSource,
 }
 
 impl AppCallScope {
@@ -242,6 +251,7 @@ impl AppCallScope {
             tls: None,
             script: None,
             recorder: None,
+            credentials: CredentialSource::None,
         }
     }
 
@@ -268,6 +278,27 @@ impl AppCallScope {
             script: Some(script),
             ..Self::default()
         }
+    }
+
+    /// The same scope, reading credentials from `source` (checked against the grants).
+    pub fn with_credentials(mut self, source: CredentialSource) -> Self {
+        self.credentials = source;
+        self
+    }
+
+    /// Where credentials come from in this scope.
+    pub fn credentials(&self) -> &CredentialSource {
+        &self.credentials
+    }
+
+    /// What the admin granted the plugin.
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// The recorder of this scope's calls and exchanges, if it has one.
+    pub fn recorder(&self) -> Option<&AppCallRecorder> {
+        self.recorder.as_ref()
     }
 
     /// `namespace/name` of the parent, for logs.

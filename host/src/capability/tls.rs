@@ -264,7 +264,7 @@ pub fn client_config(secret: &Secret) -> Result<rustls::ClientConfig, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::ByteString;
@@ -274,8 +274,8 @@ mod tests {
 
     /// A stand-in for the API server (a unit-test fake, not a model of it): every request
     /// gets a 404 Status, as for a Secret that does not exist; the counter says how many came.
-    async fn api_without_secrets() -> (kube::Client, std::sync::Arc<std::sync::atomic::AtomicUsize>)
-    {
+    pub(crate) async fn api_without_secrets()
+    -> (kube::Client, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::Ordering;
 
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

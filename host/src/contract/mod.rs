@@ -25,6 +25,7 @@ pub use generated::*;
 
 pub use generated::exports::policy_host::policy::policy::PolicyError;
 pub use generated::policy_host::policy::app_call;
+pub use generated::policy_host::policy::credentials;
 pub use generated::policy_host::policy::exchange;
 pub use generated::policy_host::policy::log::Level as LogLevel;
 pub use generated::policy_host::policy::types::{
@@ -33,9 +34,9 @@ pub use generated::policy_host::policy::types::{
 };
 
 /// The contract version this host serves, from the WIT package.
-pub const CONTRACT_VERSION: &str = "0.2.1";
+pub const CONTRACT_VERSION: &str = "0.2.2";
 
-/// The version of the contract's `policy` interface a component exports (`0.2.1`, `0.2.0`,
+/// The version of the contract's `policy` interface a component exports (`0.2.2`, `0.2.1`,
 /// `0.1.0`, ...), if it exports one: what the plugin was built against.
 pub fn exported_version(
     engine: &wasmtime::Engine,

@@ -8,6 +8,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::Limits;
 use crate::capability::Doors;
+use crate::capability::credentials::redact;
 use crate::capability::scope::AppCallScope;
 use crate::contract::{self, v0_1 as contract_v0_1};
 
@@ -210,7 +211,8 @@ impl PluginState {
         // A log line is at most LOG_LINE_BYTES (and the output limit) of message and as much
         // of fields, cut in bytes at a character boundary: a cut inside a character panics.
         let cap = self.doors.output_limit().min(LOG_LINE_BYTES);
-        let mut message = message;
+        let handed = self.doors.handed_out();
+        let mut message = redact(message, handed);
         clip(&mut message, cap);
         let mut text = String::new();
         for (key, value) in &fields {
@@ -224,6 +226,7 @@ impl PluginState {
             text.push('=');
             text.push_str(value);
         }
+        let mut text = redact(text, handed);
         clip(&mut text, cap);
         let fields = text;
         let plugin = self.doors.label();

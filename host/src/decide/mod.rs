@@ -115,6 +115,23 @@ pub enum DecideError {
         /// What it was doing.
         doing: String,
     },
+    /// The decision carries a credential handed to the plugin (status, an applied object or
+    /// an Event): refused whole, naming the key, never the value.
+    #[error(
+        "plugin `{plugin}` put the credential of Secret `{secret}` key `{key}` into its decision ({place}) while {doing}; nothing of the decision was carried out: a credential may reach pods only through a secretKeyRef, this is a bug in the plugin"
+    )]
+    CredentialLeak {
+        /// Plugin name@version.
+        plugin: String,
+        /// What it was doing.
+        doing: String,
+        /// The Secret.
+        secret: String,
+        /// Its key.
+        key: String,
+        /// Which action.
+        place: String,
+    },
     /// The plugin trapped (panic, unreachable, bad memory access, ...).
     #[error("plugin `{plugin}` crashed while {doing}: {message}; this is a bug in the plugin")]
     Trap {
@@ -157,6 +174,7 @@ impl DecideError {
             DecideError::Deadline { .. } => "PluginDeadlineExceeded",
             DecideError::Memory { .. } => "PluginMemoryExceeded",
             DecideError::Output { .. } => "PluginOutputTooLarge",
+            DecideError::CredentialLeak { .. } => "PluginLeaksCredential",
             DecideError::Trap { .. } => "PluginCrashed",
             DecideError::SandboxBusy { .. } => "SandboxBusy",
             DecideError::Refused { reason, .. } => reason,

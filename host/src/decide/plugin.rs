@@ -9,6 +9,7 @@ use wasmtime::Store;
 use super::instance::PluginState;
 use super::sandbox::Sandbox;
 use super::{DecideError, EPOCH_TICK, Limits};
+use crate::capability::credentials::{HandedOut, find_leak, redact};
 use crate::capability::scope::AppCallScope;
 use crate::contract::{
     self, Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre,
@@ -177,6 +178,7 @@ impl Plugin {
             |plugin, store, ()| Box::pin(async move { plugin.describe(store).await }),
         )
         .await
+        .map(|(info, _)| info)
     }
 
     /// Decides what to do for one observation.
@@ -247,19 +249,33 @@ impl Plugin {
         })
     }
 
-    /// A plugin's answer becomes a decision only if it is not a refusal and its actions fit
-    /// the output limit.
+    /// A plugin's answer becomes a decision only if it is not a refusal, its actions fit
+    /// the output limit, and carries no credential handed to it.
     fn accept<T>(
         &self,
-        outcome: Result<T, contract::PolicyError>,
+        (outcome, handed_out): (Result<T, contract::PolicyError>, Vec<HandedOut>),
         doing: &str,
         actions: impl Fn(&T) -> &[contract::Action],
     ) -> Result<T, DecideError> {
+        let outcome = outcome.map_err(|mut refusal| {
+            // A refusal's message goes into Events and logs as well.
+            refusal.message = redact(refusal.message, &handed_out);
+            refusal
+        });
         let decision = self.refused(outcome, doing)?;
         self.check_output(
             actions(&decision).iter().map(|a| a.output_len()).sum(),
             doing,
         )?;
+        if let Some(leak) = find_leak(actions(&decision), &handed_out) {
+            return Err(DecideError::CredentialLeak {
+                plugin: self.inner.label.clone(),
+                doing: doing.to_string(),
+                secret: leak.secret,
+                key: leak.key,
+                place: leak.place,
+            });
+        }
         Ok(decision)
     }
 
@@ -305,7 +321,7 @@ impl Plugin {
         ) -> std::pin::Pin<
             Box<dyn std::future::Future<Output = wasmtime::Result<T>> + Send + 'a>,
         > + Send,
-    ) -> Result<T, DecideError> {
+    ) -> Result<(T, Vec<HandedOut>), DecideError> {
         let inner = &self.inner;
         let limits = &inner.limits;
         // Held until the store is dropped at the end of this call.
@@ -324,7 +340,12 @@ impl Plugin {
             Ok(result) => result,
             Err(_) => return Err(self.deadline_error(doing)),
         };
-        result.map_err(|error| self.classify(error, &store, doing))
+        let doors = store.data().doors();
+        doors.seal();
+        let handed_out = doors.handed_out().to_vec();
+        result
+            .map(|outcome| (outcome, handed_out))
+            .map_err(|error| self.classify(error, &store, doing))
     }
 
     /// A fresh store for one instance, under the plugin's memory limit and deadline.

@@ -15,6 +15,7 @@
 //! Reading a pack only decodes and checks what the ConfigMap says; compiling the component is
 //! the loader's job ([`crate::load::PluginLoader`]).
 
+use crate::capability::credentials::SecretGrant;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
@@ -102,6 +103,10 @@ pub struct GrantsSpec {
     /// The images its pods may run (repositories, or prefixes ending in `/`); absent: any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<Vec<String>>,
+    /// Secrets of its parents' namespaces it may read credentials from, and the keys the host
+    /// generates in them ([`crate::capability::credentials`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretGrant>,
 }
 
 /// The defaults a pack's limits start from (the host's command-line limits).
@@ -291,6 +296,12 @@ impl PluginPack {
                 })?
             }
         };
+        if let Some(why) = grants.secrets.iter().find_map(|g| g.check().err()) {
+            return Err(PackError::Grants {
+                config_map: config_map.clone(),
+                message: why,
+            });
+        }
         let pod_security = crate::capability::scope::PodSecurity::parse(
             grants.pod_security.as_deref().unwrap_or_default(),
         )
@@ -332,6 +343,7 @@ impl PluginPack {
                 kinds: grants.kinds,
                 pod_security,
                 images: grants.images,
+                secrets: grants.secrets,
             },
             limits,
             concurrency,
@@ -438,6 +450,7 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
                 != crate::capability::scope::PodSecurity::Baseline)
                 .then(|| options.grants.pod_security.name().to_owned()),
             images: options.grants.images.clone(),
+            secrets: options.grants.secrets.clone(),
         };
         data.insert(GRANTS_KEY.to_string(), to_flow_yaml(&grants));
     }
@@ -497,6 +510,10 @@ mod tests {
                 kinds: Some(vec!["configmaps.v1".into()]),
                 pod_security: crate::capability::scope::PodSecurity::Privileged,
                 images: Some(vec!["gcr.io/etcd-development/etcd".into()]),
+                secrets: vec![SecretGrant {
+                    name: "{parent}-credentials".into(),
+                    generate: vec!["password".into()],
+                }],
             },
             limits: LimitsSpec {
                 deadline_ms: Some(2500),

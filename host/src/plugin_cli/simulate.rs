@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use super::CliError;
 use crate::act::{AppliedObject, POLICY_LABEL};
+use crate::capability::credentials::CredentialSource;
 use crate::capability::replay::{AppCallScript, ExchangeRound};
 use crate::capability::scope::AppCallScope;
 use crate::contract::app_call::{CallError, Method, Response};
@@ -56,6 +57,45 @@ pub struct Responses {
     /// One row per round of a session (the `exchange` interface), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sessions: Vec<SessionRow>,
+    /// Values `credentials.read` answers, by Secret and key. Never printed: a decision that
+    /// carries one is refused, as on a live host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialRow>,
+}
+
+/// A value the simulated plugin may read as a credential.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialRow {
+    /// The Secret's name.
+    pub secret: String,
+    /// Its key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+}
+
+impl std::fmt::Debug for CredentialRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CredentialRow({}/{})", self.secret, self.key)
+    }
+}
+
+impl Responses {
+    /// The credential rows as a scripted source.
+    fn credential_source(&self) -> CredentialSource {
+        CredentialSource::Scripted(std::sync::Arc::new(
+            self.credentials
+                .iter()
+                .map(|row| {
+                    (
+                        (row.secret.clone(), row.key.clone()),
+                        row.value.clone().into_bytes(),
+                    )
+                })
+                .collect(),
+        ))
+    }
 }
 
 /// One round of a session: the bytes the plugin sent since it last read on a connection (none
@@ -556,7 +596,8 @@ pub async fn simulate(
     let mut steps = Vec::new();
     for number in 1..=request.steps {
         let script = model.script(&responses).map_err(CliError::Simulate)?;
-        let scope = AppCallScope::scripted(model.label(), script.clone());
+        let scope = AppCallScope::scripted(model.label(), script.clone())
+            .with_credentials(responses.credential_source());
         let observation = model.observation(now);
         let doing = format!("simulating {}", model.label());
         let outcome = plugin.reconcile(&observation, scope, &doing).await;

@@ -4,6 +4,7 @@
 //! in native tests.
 
 use crate::contract::{AppCallError, AppCallRequest, AppCallResponse, Method};
+use crate::credentials::{Credential, CredentialError};
 use crate::exchange::{ExchangeError, ExchangeRequest};
 use crate::session::Session;
 
@@ -19,6 +20,15 @@ pub trait AppCall {
     fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
         Err(ExchangeError::Refused(format!(
             "this app client cannot open a session with pod `{pod}` port `{port}`"
+        )))
+    }
+
+    /// The value of `key` in the Secret `secret` of the parent's namespace, if the admin
+    /// granted it (see [`crate::credentials`]). Clients without credentials (the default)
+    /// refuse.
+    fn credential(&mut self, secret: &str, key: &str) -> Result<Credential, CredentialError> {
+        Err(CredentialError::Refused(format!(
+            "this app client holds no credentials (Secret `{secret}` key `{key}`)"
         )))
     }
 

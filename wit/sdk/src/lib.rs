@@ -62,6 +62,7 @@ pub mod app_call;
 pub mod children;
 pub mod conditions;
 pub mod contract;
+pub mod credentials;
 pub mod desired;
 pub mod exchange;
 pub mod log;
@@ -80,6 +81,7 @@ pub use contract::{
     EventType, FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
     TlsClient,
 };
+pub use credentials::{Credential, CredentialError};
 pub use exchange::{ExchangeError, ExchangeRequest};
 pub use session::Session;
 
@@ -94,6 +96,7 @@ pub mod prelude {
         FinalizeDecision, KindRef, Method, Observation, PolicyError, PolicyInfo, Timestamp,
         TlsClient,
     };
+    pub use crate::credentials::{Credential, CredentialError};
     pub use crate::desired::Desired;
     pub use crate::session::{Session, frames};
 }

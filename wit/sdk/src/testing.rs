@@ -26,6 +26,7 @@ use crate::contract::{
     Action, AppCallError, AppCallRequest, AppCallResponse, Child, Decision, Event,
     FinalizeDecision, KindRef, Method, Observation, PolicyError, Timestamp,
 };
+use crate::credentials::{Credential, CredentialError};
 use crate::exchange::ExchangeError;
 use crate::session::{Connection, Session};
 
@@ -92,6 +93,8 @@ pub struct ScriptedAppCall {
     /// `(pod or "*", path)` → answer, whatever the method (the responder file's rows).
     any_method: HashMap<(String, String), Result<AppCallResponse, AppCallError>>,
     sessions: Rc<RefCell<ScriptedSessions>>,
+    /// Credentials by `(secret, key)`.
+    credentials: HashMap<(String, String), Credential>,
     /// Every request received, in order.
     pub requests: Vec<AppCallRequest>,
 }
@@ -158,6 +161,14 @@ impl ScriptedAppCall {
         self.rounds([SessionRound::new(pod, port, request, reply)])
     }
 
+    /// Hands out `value` for `key` of the Secret `secret`, as a host whose admin granted it
+    /// would. An unscripted credential is refused, like an ungranted one.
+    pub fn with_credential(mut self, secret: &str, key: &str, value: impl Into<Vec<u8>>) -> Self {
+        self.credentials
+            .insert((secret.to_owned(), key.to_owned()), Credential::new(value));
+        self
+    }
+
     /// The session rounds answered so far (through any clone), in order, with their replies.
     pub fn session_log(&self) -> Vec<SessionRound> {
         self.sessions.borrow().log.clone()
@@ -176,7 +187,9 @@ impl ScriptedAppCall {
     /// `appCalls` rows answer whatever the method; `pod: "*"` is every pod. `sessions` rows are
     /// rounds: `send`/`sendHex` the bytes sent since the last read (absent: the server speaks
     /// first), `reply`/`replyHex` the answer, or `error` (`unreachable`, `timeout`, `refused`,
-    /// `closed`); without `port` a row answers on any port.
+    /// `closed`); without `port` a row answers on any port. A `credentials` section
+    /// (`[{ "secret": "db-credentials", "key": "password", "value": "..." }]`) holds the
+    /// values [`AppCall::credential`] hands out.
     pub fn from_responses(json: &str) -> Result<Self, String> {
         let responses: Responses = serde_json::from_str(json)
             .map_err(|e| format!("the responder file is not valid: {e}"))?;
@@ -204,6 +217,9 @@ impl ScriptedAppCall {
                 }),
             };
             app.any_method.insert((row.pod, row.path), answer);
+        }
+        for row in responses.credentials {
+            app = app.with_credential(&row.secret, &row.key, row.value);
         }
         let rounds = responses
             .sessions
@@ -262,6 +278,16 @@ struct Responses {
     app_calls: Vec<AppCallRow>,
     #[serde(default)]
     sessions: Vec<SessionRow>,
+    #[serde(default)]
+    credentials: Vec<CredentialRow>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CredentialRow {
+    secret: String,
+    key: String,
+    value: String,
 }
 
 #[derive(Deserialize)]
@@ -464,6 +490,17 @@ impl AppCall for ScriptedAppCall {
                 request.method, request.path, request.pod
             )))
         })
+    }
+
+    fn credential(&mut self, secret: &str, key: &str) -> Result<Credential, CredentialError> {
+        self.credentials
+            .get(&(secret.to_owned(), key.to_owned()))
+            .cloned()
+            .ok_or_else(|| {
+                CredentialError::Refused(format!(
+                    "no scripted credential for Secret `{secret}` key `{key}`"
+                ))
+            })
     }
 
     fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
@@ -672,6 +709,28 @@ impl Decision {
 mod tests {
     use super::*;
     use crate::session::frames;
+
+    #[test]
+    fn the_fake_hands_out_scripted_credentials_only_and_never_prints_them() {
+        let json = r#"{ "credentials": [
+            { "secret": "db-credentials", "key": "password", "value": "from-the-file" } ] }"#;
+        let mut app = ScriptedAppCall::from_responses(json)
+            .expect("a responder file")
+            .with_credential("db-credentials", "replication", "by-hand");
+        let password = app
+            .credential("db-credentials", "password")
+            .expect("scripted");
+        assert_eq!(password.as_str(), Some("from-the-file"));
+        let replication = app
+            .credential("db-credentials", "replication")
+            .expect("scripted");
+        assert_eq!(replication.as_bytes(), b"by-hand");
+        assert!(!format!("{password:?}").contains("from-the-file"));
+        assert!(matches!(
+            app.credential("other", "password"),
+            Err(CredentialError::Refused(_))
+        ));
+    }
 
     /// The rounds the host's script plays (`capability/exchange.rs`), so a recording replays
     /// the same in both.

@@ -25,6 +25,7 @@ pub mod bindings {
 
 use bindings::exports::policy_host::policy::policy::Guest;
 use bindings::policy_host::policy::app_call as wit_call;
+use bindings::policy_host::policy::credentials as wit_credentials;
 use bindings::policy_host::policy::exchange as wit_exchange;
 use bindings::policy_host::policy::log as wit_log;
 use bindings::policy_host::policy::types as wit;
@@ -72,6 +73,26 @@ impl AppCall for HostAppCall {
                 wit_call::CallError::Refused(why) => contract::AppCallError::Refused(why),
                 wit_call::CallError::Unreachable(why) => contract::AppCallError::Unreachable(why),
                 wit_call::CallError::Timeout => contract::AppCallError::Timeout,
+            })
+    }
+
+    fn credential(
+        &mut self,
+        secret: &str,
+        key: &str,
+    ) -> Result<crate::Credential, crate::CredentialError> {
+        wit_credentials::read(secret, key)
+            .map(crate::Credential::new)
+            .map_err(|e| match e {
+                wit_credentials::CredentialError::Refused(why) => {
+                    crate::CredentialError::Refused(why)
+                }
+                wit_credentials::CredentialError::Missing(why) => {
+                    crate::CredentialError::Missing(why)
+                }
+                wit_credentials::CredentialError::Unavailable(why) => {
+                    crate::CredentialError::Unavailable(why)
+                }
             })
     }
 

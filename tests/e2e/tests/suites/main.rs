@@ -30,6 +30,7 @@ mod helm_chart;
 mod host_contract;
 mod leader_election;
 mod ownership;
+mod plugin_credentials;
 mod plugin_grants;
 mod plugin_loading;
 mod plugin_trust;

@@ -23,6 +23,10 @@
 //!   `<parent>-steady-<n>` (default none; guest-etcd's steady decision re-applies three
 //!   objects), writes no status and requeues after `spec.requeueMs` (default 30,000, guest-etcd's
 //!   steady requeue): the background of the reconcile latency bench.
+//! - `credential`: reads the credential `spec.key` (default `token`) of the Secret
+//!   `spec.secret` (default `<parent>-auth`) and writes `status.credential` (`read <n> bytes`,
+//!   or the error); with `spec.leak` = `status`, `event` or `log` it also puts the value
+//!   there (the host must refuse the first two and cut it out of the third).
 //!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
@@ -46,7 +50,7 @@ mod plugin {
         Action, Capability, Decision, Event, EventType, FinalizeDecision, KindRef, Observation,
         PolicyError, PolicyInfo,
     };
-    use policy_host::policy::{app_call, log};
+    use policy_host::policy::{app_call, credentials, log};
 
     struct Misbehaving;
 
@@ -219,6 +223,51 @@ mod plugin {
                         actions: vec![Action::SetStatus(
                             json!({ "logged": line.len() }).to_string(),
                         )],
+                        requeue_after_ms: None,
+                    })
+                }
+                "credential" => {
+                    let secret = parent["spec"]["secret"]
+                        .as_str()
+                        .map_or_else(|| format!("{name}-auth"), str::to_owned);
+                    let key = parent["spec"]["key"].as_str().unwrap_or("token");
+                    let (text, value) = match credentials::read(&secret, key) {
+                        Ok(value) => (
+                            format!("read {} bytes", value.len()),
+                            String::from_utf8_lossy(&value).into_owned(),
+                        ),
+                        Err(credentials::CredentialError::Refused(why)) => {
+                            (format!("refused: {why}"), String::new())
+                        }
+                        Err(credentials::CredentialError::Missing(why)) => {
+                            (format!("missing: {why}"), String::new())
+                        }
+                        Err(credentials::CredentialError::Unavailable(why)) => {
+                            (format!("unavailable: {why}"), String::new())
+                        }
+                    };
+                    let mut status = json!({ "credential": text });
+                    let mut actions = Vec::new();
+                    match parent["spec"]["leak"].as_str() {
+                        Some("status") => status["leaked"] = json!(value),
+                        Some("event") => actions.push(Action::RecordEvent(Event {
+                            event_type: EventType::Normal,
+                            reason: "Leaking".into(),
+                            message: format!("the value is {value}"),
+                        })),
+                        Some("log") => {
+                            log::log(
+                                log::Level::Info,
+                                &format!("the value is {value}"),
+                                &[("value".into(), value.clone())],
+                            );
+                            status["logged"] = json!(true);
+                        }
+                        _ => {}
+                    }
+                    actions.push(Action::SetStatus(status.to_string()));
+                    Ok(Decision {
+                        actions,
                         requeue_after_ms: None,
                     })
                 }
