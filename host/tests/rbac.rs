@@ -371,7 +371,8 @@ fn the_plugin_namespace_role_creates_only_the_status_config_map() {
 }
 
 /// Secrets are read one by one in the namespaces an admin binds, never cluster-wide: the
-/// ClusterRole meant for per-namespace RoleBindings grants `get` on secrets and nothing else.
+/// ClusterRole meant for per-namespace RoleBindings grants `get` on secrets, and `create` for
+/// generated credentials, and nothing else (no list, watch, update or delete).
 #[test]
 fn secrets_are_readable_only_through_a_per_namespace_binding() {
     let granted = cluster_wide();
@@ -386,7 +387,7 @@ fn secrets_are_readable_only_through_a_per_namespace_binding() {
     assert_eq!(rules.len(), 1, "{rules:?}");
     assert_eq!(rules[0].api_groups, [""]);
     assert_eq!(rules[0].resources, ["secrets"]);
-    assert_eq!(rules[0].verbs, ["get"]);
+    assert_eq!(rules[0].verbs, ["get", "create"]);
     let text = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml")).expect("rbac.yaml");
     let binds_it_cluster_wide = serde_yaml::Deserializer::from_str(&text)
         .map(|document| serde_yaml::Value::deserialize(document).expect("valid YAML"))
