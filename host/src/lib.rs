@@ -21,8 +21,9 @@
 //! hands the Lease over only once what it started can no longer write; several host
 //! deployments can split the parents among them as [`shard`]s, each with its own Lease;
 //! [`orphans`] releases the finalizers of plugins that are gone. Around them: [`admin`]
-//! (health, readiness, metrics), [`metrics`], [`telemetry`], and [`plugin_cli`] (`pack`,
-//! `validate`, `simulate` for plugin authors).
+//! (health, readiness, metrics), [`metrics`], [`telemetry`], [`plugin_cli`] (`pack`,
+//! `validate`, `simulate` for plugin authors) and [`kubectl`] (`kubectl policy-host` for
+//! admins).
 
 // The entry point: one replica's life (load, stand by, lead, hand over).
 pub mod replica;
@@ -58,6 +59,7 @@ pub mod shadow;
 pub mod chaos;
 
 pub mod admin;
+pub mod kubectl;
 pub mod metrics;
 pub mod plugin_cli;
 pub mod telemetry;

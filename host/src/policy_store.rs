@@ -56,6 +56,7 @@ impl LoadedPolicy {
                 "appCall": policy.grants.app_call_ports,
                 "exchange": policy.grants.exchange_ports,
             },
+            "granted": policy.grants.describe(),
             "limits": {
                 "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
                 "memoryMiB": limits.memory_bytes >> 20,

@@ -28,6 +28,7 @@ mod etcd_tenant;
 mod etcd_tls;
 mod helm_chart;
 mod host_contract;
+mod kubectl_plugin;
 mod leader_election;
 mod ownership;
 mod plugin_credentials;
