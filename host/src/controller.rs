@@ -604,7 +604,7 @@ async fn reconcile(
             kind: plugin.info().target.kind.clone(),
             uid: parent.metadata.uid.clone().unwrap_or_default(),
         },
-        plugin: plugin.info().name.clone(),
+        opt_in_label: crate::pod_inputs::mountable_label(&plugin.info().name),
         may_create: true,
     })));
     let started = Instant::now();

@@ -158,8 +158,10 @@ pub struct LiveCredentials {
     pub client: kube::Client,
     /// The parent.
     pub parent: CredentialParent,
-    /// The plugin's name (its Secrets' opt-in label).
-    pub plugin: String,
+    /// The label key that opts a Secret in for this plugin
+    /// (`mountable-by.policy-host.io/<plugin>`, given by the caller: the capabilities import
+    /// nothing of the host but the contract).
+    pub opt_in_label: String,
     /// False in runs that must not write (shadow mode).
     pub may_create: bool,
 }
@@ -171,7 +173,7 @@ pub enum CredentialSource {
     #[default]
     None,
     /// The API server, reading (and, if `may_create`, generating) Secrets of the parent's
-    /// namespace for the plugin named `plugin`.
+    /// namespace.
     Live(Box<LiveCredentials>),
     /// Values given by hand (`simulate`'s `credentials:` rows) or handed to the active plugin
     /// in the run a shadow replays, by `(secret, key)`. As with scripted app-calls, the script
@@ -310,7 +312,7 @@ fn random_value(count: usize) -> Result<String, String> {
 fn generated_secret(
     name: &str,
     parent: &CredentialParent,
-    plugin: &str,
+    opt_in_label: &str,
     keys: &[String],
 ) -> Result<Secret, String> {
     let mut data = std::collections::BTreeMap::new();
@@ -322,12 +324,9 @@ fn generated_secret(
             name: Some(name.to_owned()),
             namespace: Some(parent.namespace.clone()),
             labels: Some(
-                [(
-                    crate::pod_inputs::mountable_label(plugin),
-                    "true".to_owned(),
-                )]
-                .into_iter()
-                .collect(),
+                [(opt_in_label.to_owned(), "true".to_owned())]
+                    .into_iter()
+                    .collect(),
             ),
             owner_references: Some(vec![OwnerReference {
                 api_version: parent.api_version.clone(),
@@ -345,9 +344,9 @@ fn generated_secret(
     })
 }
 
-/// True when `secret` may be handed to `plugin` for `parent`: the parent controls it, or it
-/// carries the plugin's opt-in label.
-fn may_hand_out(secret: &Secret, parent: &CredentialParent, plugin: &str) -> bool {
+/// True when `secret` may be handed out for `parent`: the parent controls it, or it carries
+/// the plugin's opt-in label.
+fn may_hand_out(secret: &Secret, parent: &CredentialParent, opt_in_label: &str) -> bool {
     let controlled = secret
         .metadata
         .owner_references
@@ -358,7 +357,7 @@ fn may_hand_out(secret: &Secret, parent: &CredentialParent, plugin: &str) -> boo
         .metadata
         .labels
         .as_ref()
-        .and_then(|labels| labels.get(&crate::pod_inputs::mountable_label(plugin)))
+        .and_then(|labels| labels.get(opt_in_label))
         .is_some_and(|value| value == "true");
     controlled || opted_in
 }
@@ -401,7 +400,7 @@ impl Doors {
                 let LiveCredentials {
                     client,
                     parent,
-                    plugin,
+                    opt_in_label,
                     may_create,
                 } = *live;
                 let grants = &self.scope().grants().secrets;
@@ -415,7 +414,16 @@ impl Doors {
                         grants.iter().map(|g| g.name.as_str()).collect::<Vec<_>>()
                     )));
                 };
-                live_value(&client, &parent, &plugin, may_create, &grant, &secret, &key).await
+                live_value(
+                    &client,
+                    &parent,
+                    &opt_in_label,
+                    may_create,
+                    &grant,
+                    &secret,
+                    &key,
+                )
+                .await
             }
         }?;
         self.note_handed_out(HandedOut {
@@ -431,7 +439,7 @@ impl Doors {
 async fn live_value(
     client: &kube::Client,
     parent: &CredentialParent,
-    plugin: &str,
+    opt_in_label: &str,
     may_create: bool,
     grant: &SecretGrant,
     name: &str,
@@ -452,7 +460,7 @@ async fn live_value(
     let found = match api.get_opt(name).await.map_err(unavailable)? {
         Some(secret) => secret,
         None if may_create && grant.generate.iter().any(|k| k == key) => {
-            let wanted = generated_secret(name, parent, plugin, &grant.generate)
+            let wanted = generated_secret(name, parent, opt_in_label, &grant.generate)
                 .map_err(CredentialError::Unavailable)?;
             match api.create(&PostParams::default(), &wanted).await {
                 Ok(created) => {
@@ -460,7 +468,7 @@ async fn live_value(
                         secret = name,
                         namespace = %parent.namespace,
                         parent = %parent.name,
-                        "created Secret with generated credentials for {plugin}"
+                        "created Secret with generated credentials ({opt_in_label})"
                     );
                     created
                 }
@@ -483,12 +491,10 @@ async fn live_value(
             )));
         }
     };
-    if !may_hand_out(&found, parent, plugin) {
+    if !may_hand_out(&found, parent, opt_in_label) {
         return Err(CredentialError::Refused(format!(
             "Secret `{name}` is neither controlled by {}/{} nor labelled `{}: \"true\"`; label it if this plugin may read it",
-            parent.namespace,
-            parent.name,
-            crate::pod_inputs::mountable_label(plugin)
+            parent.namespace, parent.name, opt_in_label
         )));
     }
     value_of(&found, name, key)
@@ -530,7 +536,7 @@ mod tests {
                 kind: "Probe".into(),
                 uid: "u-1".into(),
             },
-            plugin: "toy".into(),
+            opt_in_label: "mountable-by.policy-host.io/toy".into(),
             may_create,
         })));
         Doors::new("toy@1.0.0".into(), scope, 1 << 20)
