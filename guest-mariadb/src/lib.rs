@@ -462,5 +462,19 @@ mod tests {
         let status = decision.status().cloned().unwrap_or_default();
         assert_eq!(status["phase"], "Degraded");
         assert!(status.to_string().contains("CredentialsUnavailable"));
+        let progressing = status["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Progressing"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            progressing["status"], "False",
+            "nothing progresses without credentials: {progressing}"
+        );
+        assert_eq!(
+            decision.requeue_after_ms,
+            Some(reconcile::REQUEUE_STEADY_MS),
+            "no busy requeue while waiting for the credential path"
+        );
     }
 }

@@ -301,8 +301,10 @@ pub fn decide(facts: &Facts) -> Plan {
         ));
     }
     let wanted_replicas = usize::try_from(facts.spec.replicas).unwrap_or(0);
+    // Without credentials nothing can move: say so once, not every two seconds.
+    let can_progress = facts.credentials_unavailable.is_none();
     let progressing = verdict.progressing.clone().or_else(|| {
-        (!commands.is_empty() || ready < wanted_replicas)
+        (can_progress && (!commands.is_empty() || ready < wanted_replicas))
             .then(|| format!("{ready} of {wanted_replicas} replicas replicate from the primary"))
     });
     let phase = match (verdict.phase, &progressing) {
@@ -331,7 +333,15 @@ pub fn decide(facts: &Facts) -> Plan {
         ),
     };
     let progressing = match progressing {
-        Some(message) => Condition::new("Progressing", true, phase, message),
+        Some(message) => Condition::new(
+            "Progressing",
+            true,
+            match phase {
+                "Healthy" | "Degraded" => "Converging",
+                moving => moving,
+            },
+            message,
+        ),
         None => Condition::new(
             "Progressing",
             false,
@@ -777,7 +787,7 @@ fn failover(
         pod: chosen.name.clone(),
         reset_link: probe.link.is_some(),
     });
-    if candidates.len() > 1 {
+    if facts.spec.replicas > 0 {
         commands.push(Command::SemiSync {
             pod: chosen.name.clone(),
             on: true,
@@ -814,7 +824,9 @@ fn steady(
         });
         events.push(Action::RecordEvent(Event::normal(
             "PrimaryWritable",
-            format!("{primary} was read-only (it restarted); made writable again"),
+            format!(
+                "{primary} was read-only or still replicating (it restarted, or its promotion was cut short); made writable"
+            ),
         )));
     }
     let replicas: Vec<&Server> = facts
