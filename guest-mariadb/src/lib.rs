@@ -26,6 +26,9 @@ pub mod reconcile;
 pub mod spec;
 pub mod wire;
 
+#[cfg(test)]
+mod model;
+
 use std::collections::BTreeMap;
 
 use policy_host_sdk::log;
@@ -245,6 +248,7 @@ pub fn statements(command: &Command, parent: &str, replication_password: &str) -
             "START SLAVE".into(),
         ],
         Command::StartReplication { .. } => vec!["START SLAVE".into()],
+        Command::StartApplying { .. } => vec!["START SLAVE SQL_THREAD".into()],
         // Built at run time from the source's position.
         Command::CatchUp { .. } => Vec::new(),
     }
@@ -259,6 +263,7 @@ fn command_pod(command: &Command) -> &str {
         | Command::SemiSync { pod, .. }
         | Command::Replicate { pod, .. }
         | Command::StartReplication { pod }
+        | Command::StartApplying { pod }
         | Command::CatchUp { pod, .. } => pod,
     }
 }

@@ -155,6 +155,11 @@ pub enum Command {
         /// Pod name.
         pod: String,
     },
+    /// `START SLAVE SQL_THREAD`: apply what was retrieved, the IO thread staying fenced.
+    StartApplying {
+        /// Pod name.
+        pod: String,
+    },
     /// Reads the source's `@@gtid_binlog_pos` and waits (`MASTER_GTID_WAIT`, a few seconds)
     /// until the pod executed it; fails the decision if it did not.
     CatchUp {
@@ -341,6 +346,12 @@ pub fn decide(facts: &Facts) -> Plan {
                 moving => moving,
             },
             message,
+        ),
+        None if !can_progress => Condition::new(
+            "Progressing",
+            false,
+            "WaitingForCredentials",
+            "nothing moves until the plugin can log in to the servers",
         ),
         None => Condition::new(
             "Progressing",
@@ -771,7 +782,9 @@ fn failover(
     if !probe.current_pos.contains(&retrieved) {
         let sql_running = probe.link.as_ref().is_some_and(|l| l.sql_running);
         if !sql_running {
-            commands.push(Command::StartReplication {
+            // Only the SQL thread: a running IO thread could retrieve (and acknowledge) more
+            // from the old primary, and promotion discards what is retrieved but not applied.
+            commands.push(Command::StartApplying {
                 pod: chosen.name.clone(),
             });
         }
@@ -1385,6 +1398,22 @@ mod tests {
                     ],
                 ),
                 commands: vec![],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "PrimaryLost",
+                events: &["PrimaryLost"],
+            },
+            Row {
+                situation: "fenced: the most advanced replica's SQL thread stopped: only its SQL thread is started, its IO thread stays fenced",
+                facts: facts(
+                    Some(0),
+                    2,
+                    vec![
+                        fenced(1, 0, "0-1-10", "0-1-10"),
+                        replica_with(2, 0, "0-1-11", "0-1-12", false, false),
+                    ],
+                ),
+                commands: vec![Command::StartApplying { pod: name(2) }],
                 primary: Some("db-0"),
                 deleted: &[],
                 degraded: "PrimaryLost",
