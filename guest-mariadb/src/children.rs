@@ -150,7 +150,7 @@ pub fn server_pod(
 ) -> Value {
     // server_id must differ between servers (GTIDs carry it) and may not be 0 on a replica.
     let server_id = ordinal(parent, pod).map_or(1, |o| o + 1);
-    let secret = &spec.credentials_secret;
+    let secret = &spec.secret(parent);
     let mut container = Container::new("mariadb", image)
         .args([
             format!("--server-id={server_id}"),
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_server_pod_gets_its_identity_its_claim_its_config_and_the_passwords_by_reference() {
-        let spec = MariaDBClusterSpec::with_secret("db-auth");
+        let spec = MariaDBClusterSpec::default();
         let pod = server_pod("db", "db-2", "mariadb:10.11", Role::Replica, &spec);
         let container = &pod["spec"]["containers"][0];
         assert_eq!(
@@ -244,7 +244,7 @@ mod tests {
             .find(|e| e["name"] == "MARIADB_ROOT_PASSWORD")
             .cloned()
             .unwrap_or_default();
-        assert_eq!(root["valueFrom"]["secretKeyRef"]["name"], "db-auth");
+        assert_eq!(root["valueFrom"]["secretKeyRef"]["name"], "db-credentials");
         assert!(
             env.iter().all(|e| e["value"] != "secret"),
             "no password is written into the Pod"

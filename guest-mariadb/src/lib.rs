@@ -11,7 +11,7 @@
 //! - [`wire`] — the MySQL client protocol over a session (`mysql_common`'s packets).
 //! - [`gtid`] — MariaDB GTID positions: containment, errant transactions.
 //! - [`probe`] — what each server is asked, and its answer as facts.
-//! - [`credentials`] — the passwords (the seam for the host's credential path).
+//! - [`credentials`] — the passwords, from the host's credential call.
 //! - [`children`] — the Pods, claims, Services, budget and server configuration.
 //! - [`reconcile`] — the decisions (pure; table-tested natively).
 //!
@@ -84,9 +84,12 @@ impl Plugin for MariaDbPlugin {
         observation: &Observation,
         app: &mut dyn AppCall,
     ) -> Result<Decision, PolicyError> {
-        let (facts, mut clients) = gather(observation, app)?;
+        let Gathered {
+            facts,
+            mut clients,
+            credentials,
+        } = gather(observation, app)?;
         let plan = reconcile::decide(&facts);
-        let credentials = credentials::read(&facts.spec.credentials_secret).ok();
         for command in &plan.commands {
             run(command, &facts.name, credentials.as_ref(), &mut clients)?;
         }
@@ -104,6 +107,7 @@ impl Plugin for MariaDbPlugin {
 #[derive(Deserialize)]
 struct Parent {
     metadata: ParentMeta,
+    #[serde(default)]
     spec: MariaDBClusterSpec,
     #[serde(default)]
     status: Option<MariaDBClusterStatus>,
@@ -118,15 +122,24 @@ struct ParentMeta {
     annotations: BTreeMap<String, String>,
 }
 
-/// The facts of one observation, and the sessions opened to gather them (kept for the
-/// commands): each running server is probed over its own session.
-pub fn gather(
-    observation: &Observation,
-    app: &mut dyn AppCall,
-) -> Result<(Facts, BTreeMap<String, Client>), PolicyError> {
+/// What a decision starts from: the facts, the sessions opened to gather them (kept for the
+/// commands) and the passwords.
+#[derive(Debug)]
+pub struct Gathered {
+    /// The facts of the observation and the servers' answers.
+    pub facts: Facts,
+    /// An authenticated session with each server that answered.
+    pub clients: BTreeMap<String, Client>,
+    /// The passwords, if the host handed them out.
+    pub credentials: Option<Credentials>,
+}
+
+/// The facts of one observation: the passwords first (from the host), then each running
+/// server probed over its own session.
+pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gathered, PolicyError> {
     let parent: Parent = observation.parent()?;
     let name = parent.metadata.name;
-    let credentials = credentials::read(&parent.spec.credentials_secret);
+    let credentials = credentials::read(app, &parent.spec.secret(&name));
     let mut servers = Vec::new();
     let mut clients = BTreeMap::new();
     for pod in observation.pods()? {
@@ -174,11 +187,15 @@ pub fn gather(
         spec: parent.spec,
         status: parent.status.unwrap_or_default(),
         servers,
-        credentials_unavailable: credentials.err().map(|e| e.to_string()),
+        credentials_unavailable: credentials.as_ref().err().map(|e| e.to_string()),
         now: observation.now,
         name,
     };
-    Ok((facts, clients))
+    Ok(Gathered {
+        facts,
+        clients,
+        credentials: credentials.ok(),
+    })
 }
 
 /// Logs in to `pod` and asks it the probe's two statements.
@@ -192,7 +209,7 @@ fn probe(
         pod,
         children::MYSQL_PORT_NAME,
         "root",
-        &credentials.root_password,
+        credentials.root_password.as_str().unwrap_or_default(),
     )
     .map_err(|e| e.to_string())?;
     let variables = client
@@ -281,7 +298,9 @@ fn run(
             format!("{pod} of {parent}: {command:?} failed: {e}; will retry"),
         )
     };
-    let password = credentials.map_or("", |c| c.replication_password.as_str());
+    let password = credentials
+        .and_then(|c| c.replication_password.as_str())
+        .unwrap_or_default();
     if let Command::CatchUp { source, .. } = command {
         let position = clients
             .get_mut(source.as_str())
@@ -388,30 +407,30 @@ mod tests {
             "apiVersion": "mariadb.policy-host.io/v1alpha1",
             "kind": "MariaDBCluster",
             "metadata": { "name": "db", "generation": 1 },
-            "spec": { "replicas": replicas, "credentialsSecret": "db-auth" }
+            "spec": { "replicas": replicas }
         })
     }
 
-    fn provide_credentials() {
-        credentials::provide("db-auth", credentials::ROOT_PASSWORD_KEY, "root-secret");
-        credentials::provide(
-            "db-auth",
+    /// The passwords of `db-credentials`, as the host hands them out.
+    fn with_credentials(app: ScriptedAppCall) -> ScriptedAppCall {
+        app.with_credential(
+            "db-credentials",
+            credentials::ROOT_PASSWORD_KEY,
+            "root-secret",
+        )
+        .with_credential(
+            "db-credentials",
             credentials::REPLICATION_PASSWORD_KEY,
             "repl-secret",
-        );
+        )
     }
 
     #[test]
     fn a_new_cluster_whose_servers_answer_promotes_db_0_over_its_session() {
-        provide_credentials();
         let app = fresh_server(
-            ScriptedAppCall::new(),
+            with_credentials(ScriptedAppCall::new()),
             "db-0",
-            &[
-                "STOP SLAVE",
-                "RESET SLAVE ALL",
-                "SET GLOBAL read_only = OFF",
-            ],
+            &["SET GLOBAL read_only = OFF"],
         );
         let app = fresh_server(app, "db-1", &[]);
         let mut harness = Harness::<MariaDbPlugin>::with_app(app);
@@ -456,7 +475,7 @@ mod tests {
     }
 
     #[test]
-    fn without_credentials_the_servers_are_created_and_none_is_asked_anything() {
+    fn without_the_credentials_grant_the_servers_are_created_and_none_is_asked_anything() {
         let mut harness = Harness::<MariaDbPlugin>::new();
         let observed = observation(cluster(2))
             .child(&children::pod_kind(), running_pod("db-0"))

@@ -14,7 +14,10 @@ use std::rc::Rc;
 
 use policy_host_sdk::Session;
 use policy_host_sdk::session::Connection;
-use policy_host_sdk::{AppCall, AppCallError, AppCallRequest, AppCallResponse, ExchangeError};
+use policy_host_sdk::{
+    AppCall, AppCallError, AppCallRequest, AppCallResponse, Credential, CredentialError,
+    ExchangeError,
+};
 
 use crate::probe::{REPLICA_STATUS_SQL, VARIABLES_SQL};
 use crate::wire::fixtures::{err, greeting, ok, result_set};
@@ -410,6 +413,16 @@ impl AppCall for FakeCluster {
         Err(AppCallError::Refused("the model speaks MySQL only".into()))
     }
 
+    /// The passwords of `db-credentials` (the servers accept any login).
+    fn credential(&mut self, secret: &str, key: &str) -> Result<Credential, CredentialError> {
+        if secret != "db-credentials" {
+            return Err(CredentialError::Refused(format!(
+                "`{secret}` is not granted"
+            )));
+        }
+        Ok(Credential::new(format!("{key}-value")))
+    }
+
     fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
         if !self.is_up(pod) {
             return Err(ExchangeError::Unreachable(format!("{pod} is down")));
@@ -437,7 +450,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::{MariaDbPlugin, children, credentials};
+    use crate::{MariaDbPlugin, children};
 
     /// The plugin against the model, decision after decision, as the host would run it.
     struct Run {
@@ -451,12 +464,6 @@ mod tests {
 
     impl Run {
         fn new(replicas: i32) -> Run {
-            credentials::provide("db-auth", credentials::ROOT_PASSWORD_KEY, "root-secret");
-            credentials::provide(
-                "db-auth",
-                credentials::REPLICATION_PASSWORD_KEY,
-                "repl-secret",
-            );
             let cluster = FakeCluster::default();
             Run {
                 harness: Harness::with_app(cluster.clone()),
@@ -465,7 +472,7 @@ mod tests {
                     "apiVersion": "mariadb.policy-host.io/v1alpha1",
                     "kind": "MariaDBCluster",
                     "metadata": { "name": "db", "generation": 1 },
-                    "spec": { "replicas": replicas, "credentialsSecret": "db-auth" }
+                    "spec": { "replicas": replicas }
                 }))
                 .build(),
                 held_down: BTreeSet::new(),

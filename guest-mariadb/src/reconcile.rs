@@ -1118,8 +1118,10 @@ mod tests {
     }
 
     fn facts(primary: Option<u32>, replicas: i32, servers: Vec<Server>) -> Facts {
-        let mut spec = MariaDBClusterSpec::with_secret("db-auth");
-        spec.replicas = replicas;
+        let spec = MariaDBClusterSpec {
+            replicas,
+            ..MariaDBClusterSpec::default()
+        };
         Facts {
             name: "db".into(),
             generation: Some(1),

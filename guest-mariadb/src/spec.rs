@@ -94,9 +94,13 @@ pub struct MariaDBClusterSpec {
     pub image: Option<String>,
     /// The Secret (in the resource's namespace) holding the passwords: `root-password` (the
     /// plugin logs in as root) and `replication-password` (the `repl` account replicas use).
-    /// It must carry the label `mountable-by.policy-host.io/mariadb: "true"`.
+    /// Default `<name>-credentials`, which the shipped bundle grants and the host creates with
+    /// random passwords when it is absent; any other name needs the admin's grant
+    /// (`pack --grant-secret`). A Secret you create yourself must carry the label
+    /// `mountable-by.policy-host.io/mariadb: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub credentials_secret: String,
+    pub credentials_secret: Option<String>,
     /// Each server's data volume.
     #[serde(default)]
     pub storage: Storage,
@@ -141,15 +145,33 @@ impl MariaDBClusterSpec {
     /// A spec with the defaults and the given credentials Secret.
     pub fn with_secret(secret: &str) -> Self {
         MariaDBClusterSpec {
+            credentials_secret: Some(secret.to_owned()),
+            ..MariaDBClusterSpec::default()
+        }
+    }
+
+    /// The Secret holding the passwords of the cluster `name`.
+    pub fn secret(&self, name: &str) -> String {
+        self.credentials_secret
+            .clone()
+            .unwrap_or_else(|| format!("{name}-credentials"))
+    }
+}
+
+impl Default for MariaDBClusterSpec {
+    fn default() -> Self {
+        MariaDBClusterSpec {
             replicas: default_replicas(),
             version: default_version(),
             image: None,
-            credentials_secret: secret.to_owned(),
+            credentials_secret: None,
             storage: Storage::default(),
             resources: None,
         }
     }
+}
 
+impl MariaDBClusterSpec {
     /// The image the servers run.
     pub fn image(&self) -> String {
         self.image
@@ -165,9 +187,9 @@ impl MariaDBClusterSpec {
                 self.replicas
             ));
         }
-        if self.credentials_secret.is_empty() {
+        if self.credentials_secret.as_deref() == Some("") {
             return Some(
-                "spec.credentialsSecret is empty; name the Secret holding root-password and replication-password".to_owned(),
+                "spec.credentialsSecret is empty; name the Secret holding root-password and replication-password, or leave it out for `<name>-credentials`".to_owned(),
             );
         }
         let parts: Vec<&str> = self.version.split('.').collect();
@@ -279,9 +301,14 @@ mod tests {
                 Some("spec.replicas"),
             ),
             (
-                "no credentials Secret is refused",
+                "an empty credentials Secret name is refused",
                 MariaDBClusterSpec::with_secret(""),
                 Some("spec.credentialsSecret"),
+            ),
+            (
+                "no credentials Secret named is `<name>-credentials`",
+                MariaDBClusterSpec::default(),
+                None,
             ),
             (
                 "a version that is not x.y is refused",

@@ -323,9 +323,10 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
 /// in namespace `policy-host` with host default limits and the grant each asks for: etcd and
 /// etcd-backup app-calls to the `client` port of their own pods (the etcd gateway), redis
 /// exchanges with the `redis` port of its own pods, mariadb sessions with the `mysql` port of
-/// its own pods, etcd-restore none (it only creates an EtcdCluster); and the images their pods
-/// may run: the etcd images (upstream's and the classic operator's) and `minio/mc` for the
-/// etcd plugins, `redis` for redis, `mariadb` for mariadb.
+/// its own pods and the Secret `<parent>-credentials` (generated when absent), etcd-restore
+/// none (it only creates an EtcdCluster); and the images their pods may run: the etcd images
+/// (upstream's and the classic operator's) and `minio/mc` for the etcd plugins, `redis` for
+/// redis, `mariadb` for mariadb.
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
     let plugins: [(&str, &str, &[&str], &str, &str); 5] = [
         (
@@ -377,7 +378,14 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
         (
             "guest-mariadb",
             "plugin-mariadb",
-            &["--grant-exchange", "mysql", "--grant-image", "mariadb"],
+            &[
+                "--grant-exchange",
+                "mysql",
+                "--grant-image",
+                "mariadb",
+                "--grant-secret",
+                "{parent}-credentials:root-password,replication-password",
+            ],
             "deploy/crds/mariadbcluster.yaml",
             "policies/mariadb.yaml",
         ),
