@@ -360,6 +360,7 @@ mod tests {
         "current_pos",
         "slave_pos",
         "semi_sync",
+        "semi_sync_status",
     ];
 
     /// A session with a fresh server: greeting, login, the probe's two answers (read-only,
@@ -374,7 +375,15 @@ mod tests {
                 com_query(probe::VARIABLES_SQL),
                 result_set(
                     VARIABLE_COLUMNS,
-                    &[&[Some("1"), Some(""), Some(""), Some(""), Some(""), Some("0")]],
+                    &[&[
+                        Some("1"),
+                        Some(""),
+                        Some(""),
+                        Some(""),
+                        Some(""),
+                        Some("0"),
+                        Some("OFF"),
+                    ]],
                 ),
             )
             .answers(

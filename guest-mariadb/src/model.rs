@@ -241,6 +241,14 @@ impl FakeCluster {
     fn answer(&self, pod: &str, sql: &str) -> Vec<u8> {
         let mut guard = self.0.borrow_mut();
         let model = &mut *guard;
+        // Which servers have a replica whose IO thread runs from them.
+        let semi_sync_replicas: BTreeMap<String, bool> = model
+            .servers
+            .values()
+            .filter(|r| r.up)
+            .filter_map(|r| r.link.as_ref().filter(|l| l.io))
+            .map(|l| (l.source.clone(), true))
+            .collect();
         let promotions = &mut model.promotions;
         let mut promoted = false;
         let reply = {
@@ -248,6 +256,7 @@ impl FakeCluster {
                 return err(1, 2013, "lost connection");
             };
             if sql == VARIABLES_SQL {
+                let acknowledging = semi_sync_replicas.get(pod).copied().unwrap_or(false);
                 let last = s.executed.last();
                 let flag = |b: bool| if b { "1" } else { "0" };
                 let binlog = position(last);
@@ -261,6 +270,7 @@ impl FakeCluster {
                         "current_pos",
                         "slave_pos",
                         "semi_sync",
+                        "semi_sync_status",
                     ],
                     &[&[
                         Some(flag(s.read_only)),
@@ -269,6 +279,11 @@ impl FakeCluster {
                         Some(&binlog),
                         Some(&slave),
                         Some(flag(s.semi_sync)),
+                        Some(if s.semi_sync && acknowledging {
+                            "ON"
+                        } else {
+                            "OFF"
+                        }),
                     ]],
                 )
             } else if sql == REPLICA_STATUS_SQL {
@@ -593,6 +608,11 @@ mod tests {
             assert_eq!(run.role(replica), "replica");
         }
         assert_eq!(run.role("db-0"), "primary");
+        let degraded = run.status()["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Degraded").cloned())
+            .unwrap_or_default();
+        assert_eq!(degraded["status"], "False", "{degraded}");
         let written = run
             .cluster
             .write("db-0")

@@ -12,7 +12,9 @@ use crate::wire::ResultSet;
 pub const VARIABLES_SQL: &str = "SELECT @@global.read_only AS read_only, \
 @@global.gtid_binlog_pos AS binlog_pos, @@global.gtid_binlog_state AS binlog_state, \
 @@global.gtid_current_pos AS current_pos, @@global.gtid_slave_pos AS slave_pos, \
-@@global.rpl_semi_sync_master_enabled AS semi_sync";
+@@global.rpl_semi_sync_master_enabled AS semi_sync, \
+(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_STATUS') AS semi_sync_status";
 
 /// The replication link's state.
 pub const REPLICA_STATUS_SQL: &str = "SHOW SLAVE STATUS";
@@ -34,6 +36,9 @@ pub struct Probe {
     pub slave_pos: GtidList,
     /// `@@rpl_semi_sync_master_enabled`: commits wait for a replica's acknowledgement.
     pub semi_sync_primary: bool,
+    /// The status `Rpl_semi_sync_master_status`: semi-sync is in force (enabled, and not
+    /// fallen back to asynchronous for want of an acknowledging replica).
+    pub semi_sync_active: bool,
     /// Its replication link, if one is configured.
     pub link: Option<Link>,
 }
@@ -133,6 +138,7 @@ pub fn from_answers(variables: &ResultSet, link: &ResultSet) -> Result<Probe, Pr
         current_pos: list("current_pos")?,
         slave_pos: list("slave_pos")?,
         semi_sync_primary: flag(variables.get(0, "semi_sync")),
+        semi_sync_active: flag(variables.get(0, "semi_sync_status")),
         link,
     })
 }

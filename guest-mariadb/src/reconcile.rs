@@ -299,6 +299,22 @@ pub fn decide(facts: &Facts) -> Plan {
     status.errant_replicas = errant.clone();
     status.observed_generation = facts.generation;
     let mut degraded = verdict.degraded.clone();
+    // A write is acknowledged before any replica has it once semi-sync fell back to
+    // asynchronous (a replica's plugin off, or the timeout passed): failover could then lose
+    // it. Judged while replicas replicate, so a cluster still starting is not flagged.
+    let semi_sync_off = verdict.phase == "Healthy"
+        && facts.spec.replicas > 0
+        && ready > 0
+        && primary_probe.is_some_and(|p| p.semi_sync_primary && !p.semi_sync_active);
+    if degraded.is_none() && semi_sync_off {
+        degraded = Some((
+            "SemiSyncOff",
+            format!(
+                "semi-synchronous replication is off on {}: writes are acknowledged before a replica has them, and a failover may lose them; check rpl_semi_sync_slave_enabled on the replicas",
+                verdict.primary.clone().unwrap_or_default()
+            ),
+        ));
+    }
     if degraded.is_none() && !errant.is_empty() {
         degraded = Some((
             "ErrantReplica",
@@ -1039,6 +1055,7 @@ mod tests {
                 binlog_state: gtids(pos),
                 current_pos: gtids(pos),
                 semi_sync_primary: true,
+                semi_sync_active: true,
                 ..Probe::default()
             },
         )
@@ -1063,6 +1080,7 @@ mod tests {
                 current_pos: gtids(pos),
                 slave_pos: gtids(pos),
                 semi_sync_primary: false,
+                semi_sync_active: false,
                 link: Some(Link {
                     source_host: format!("db-{of}.db-headless"),
                     io_running: io,
@@ -1311,6 +1329,28 @@ mod tests {
                 deleted: &[],
                 degraded: "",
                 events: &[],
+            },
+            Row {
+                situation: "semi-sync fell back to asynchronous on the primary: Degraded says writes are no longer safe",
+                facts: facts(
+                    Some(0),
+                    1,
+                    vec![
+                        running(
+                            0,
+                            Probe {
+                                semi_sync_active: false,
+                                ..primary(0, "0-1-10").probe.expect("a probe")
+                            },
+                        ),
+                        replica(1, 0, "0-1-10"),
+                    ],
+                ),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "SemiSyncOff",
+                events: &["SemiSyncOff"],
             },
             Row {
                 situation: "a fresh replica is pointed at the primary by GTID, and semi-sync turned on with it",
