@@ -241,6 +241,12 @@ impl FakeCluster {
     fn answer(&self, pod: &str, sql: &str) -> Vec<u8> {
         let mut guard = self.0.borrow_mut();
         let model = &mut *guard;
+        let binlogs: BTreeMap<String, Vec<Transaction>> = model
+            .servers
+            .iter()
+            .filter(|(_, s)| s.up)
+            .map(|(n, s)| (n.clone(), s.executed.clone()))
+            .collect();
         // Which servers have a replica whose IO thread runs from them.
         let semi_sync_replicas: BTreeMap<String, bool> = model
             .servers
@@ -366,8 +372,24 @@ impl FakeCluster {
             } else if sql == "SELECT @@global.gtid_binlog_pos AS pos" {
                 let pos = position(s.executed.last());
                 result_set(&["pos"], &[&[Some(&pos)]])
-            } else if sql.starts_with("SELECT MASTER_GTID_WAIT(") {
-                result_set(&["waited"], &[&[Some("0")]])
+            } else if let Some(rest) = sql.strip_prefix("SELECT MASTER_GTID_WAIT('") {
+                // Replication runs while the client waits; then: is the position executed?
+                let wanted: u64 = rest
+                    .split('\'')
+                    .next()
+                    .and_then(|pos| pos.rsplit('-').next())
+                    .and_then(|seq| seq.parse().ok())
+                    .unwrap_or(0);
+                if let Some(link) = s.link.as_mut().filter(|l| l.io && l.sql)
+                    && let Some(source) = binlogs.get(&link.source)
+                    && source.starts_with(&s.executed)
+                {
+                    link.retrieved = source.clone();
+                    s.executed = source.clone();
+                    s.slave_pos = s.executed.last().copied();
+                }
+                let reached = s.executed.iter().any(|t| t.1 >= wanted);
+                result_set(&["waited"], &[&[Some(if reached { "0" } else { "-1" })]])
             } else {
                 err(1, 1064, &format!("the model does not know `{sql}`"))
             }
@@ -674,6 +696,39 @@ mod tests {
             .expect("the new primary takes writes");
         run.steps(1);
         assert!(run.cluster.executed("db-0").contains(&written));
+    }
+
+    #[test]
+    fn a_switchover_promotes_the_target_after_it_caught_up_and_is_not_repeated() {
+        let mut run = converged(2);
+        let mut acknowledged: Vec<Transaction> = (0..3)
+            .map(|_| run.cluster.write("db-0").expect("acknowledged"))
+            .collect();
+        let mut parent: Value = serde_json::from_str(&run.observed.parent).expect("JSON");
+        parent["metadata"]["annotations"] = json!({ children::SWITCHOVER_ANNOTATION: "db-1" });
+        run.observed.parent = parent.to_string();
+        run.steps(4);
+        assert_eq!(run.status()["currentPrimary"], "db-1", "{}", run.status());
+        assert_eq!(run.status()["lastSwitchover"], "db-1");
+        assert_eq!(run.cluster.writable(), ["db-1"]);
+        assert_eq!(run.cluster.replicates_from("db-0").as_deref(), Some("db-1"));
+        assert_eq!(run.cluster.replicates_from("db-2").as_deref(), Some("db-1"));
+        assert_eq!(
+            run.status()["errantReplicas"],
+            Value::Null,
+            "{}",
+            run.status()
+        );
+        acknowledged.push(run.cluster.write("db-1").expect("acknowledged"));
+        run.steps(3);
+        for pod in ["db-0", "db-1", "db-2"] {
+            let executed = run.cluster.executed(pod);
+            for t in &acknowledged {
+                assert!(executed.contains(t), "{pod} lacks acknowledged {t:?}");
+            }
+        }
+        assert_eq!(run.promotions(), 2, "one switchover, one promotion");
+        assert_eq!(run.status()["currentPrimary"], "db-1", "not switched back");
     }
 
     #[test]

@@ -24,11 +24,12 @@
 //!   primary with `MASTER_DEMOTE_TO_SLAVE=1`, never `RESET MASTER`), unless its binlog holds
 //!   transactions the primary's lacks: errant, quarantined (replication stopped, role label
 //!   `errant`, listed in status, a Warning Event), never promoted.
-//! - **Switchover** on the annotation [`children::SWITCHOVER_ANNOTATION`]: the primary goes read-only,
-//!   the target catches up to its binlog position (`MASTER_GTID_WAIT`), is promoted; the old
-//!   primary rejoins as a replica on the next decision.
-//! - **Scale**: Pods `<name>-0..replicas`; scale-down deletes the highest non-primary ones
-//!   (their claims stay), only when no failover is under way.
+//!   Semi-sync found off while replicas replicate is `Degraded` (`SemiSyncOff`).
+//! - **Switchover** on the annotation [`children::SWITCHOVER_ANNOTATION`]: the primary goes
+//!   read-only, the target catches up to its binlog position (`MASTER_GTID_WAIT`), is
+//!   promoted; the old primary rejoins as a replica on the next decision.
+//! - **Scale**: the primary and the lowest other ordinals, `spec.replicas` of them; the other
+//!   Pods are deleted (their claims stay), only when no failover is under way.
 
 use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use policy_host_sdk::prelude::*;
@@ -256,15 +257,17 @@ pub fn decide(facts: &Facts) -> Plan {
         .as_deref()
         .and_then(|p| server(facts, p))
         .and_then(Server::answer);
+    // Not while switching over: the old primary is still ahead of the target observed before
+    // it caught up, which is no errant transaction.
     let errant: Vec<String> = match primary_probe {
-        Some(p) if verdict.phase == "Healthy" || verdict.phase == "SwitchingOver" => facts
+        Some(p) if verdict.phase == "Healthy" => facts
             .servers
             .iter()
             .filter(|s| Some(s.name.as_str()) != verdict.primary.as_deref())
             .filter(|s| s.answer().is_some_and(|r| is_errant(r, p)))
             .map(|s| s.name.clone())
             .collect(),
-        // Without a primary to compare with, keep the last list.
+        // Without a primary to compare with (or mid-switchover), keep the last list.
         _ => status.errant_replicas.clone(),
     };
 
@@ -346,7 +349,13 @@ pub fn decide(facts: &Facts) -> Plan {
         _ => Condition::new(
             "Available",
             false,
-            degraded.as_ref().map_or("NoPrimary", |d| d.0),
+            degraded.as_ref().map_or(
+                match verdict.phase {
+                    "Healthy" => "NoPrimary",
+                    moving => moving,
+                },
+                |d| d.0,
+            ),
             match &verdict.primary {
                 Some(p) => format!("primary {p} does not take writes now"),
                 None => "no primary yet".to_owned(),
@@ -1606,13 +1615,13 @@ mod tests {
                 events: &[],
             },
             Row {
-                situation: "a switchover: the primary goes read-only, the target catches up and is promoted",
+                situation: "a switchover: the primary goes read-only, the target, one write behind, catches up and is promoted; the primary is not errant for being ahead",
                 facts: with_switchover(
                     facts(
                         Some(0),
                         2,
                         vec![
-                            primary(0, "0-1-10"),
+                            primary(0, "0-1-11"),
                             replica(1, 0, "0-1-10"),
                             replica(2, 0, "0-1-10"),
                         ],
