@@ -469,6 +469,77 @@ mod tests {
         );
     }
 
+    /// The conversation of `responses.json` (for `policy-host simulate --responses`): fresh,
+    /// read-only servers of the example cluster, whichever pod, and db-0's promotion.
+    fn responder_file() -> Value {
+        let hex = |bytes: Vec<u8>| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+        let secret = "example-db-credentials";
+        let round = |send: Option<Vec<u8>>, reply: Vec<u8>| {
+            let mut row = json!({ "pod": "*", "port": "mysql", "replyHex": hex(reply) });
+            if let Some(send) = send {
+                row["sendHex"] = Value::from(hex(send));
+            }
+            row
+        };
+        json!({
+            "credentials": [
+                { "secret": secret, "key": credentials::ROOT_PASSWORD_KEY, "value": "root-secret" },
+                { "secret": secret, "key": credentials::REPLICATION_PASSWORD_KEY, "value": "repl-secret" }
+            ],
+            "sessions": [
+                round(None, greeting()),
+                round(Some(login("root", "root-secret")), ok(2)),
+                round(
+                    Some(com_query(probe::VARIABLES_SQL)),
+                    result_set(
+                        VARIABLE_COLUMNS,
+                        &[&[Some("1"), Some(""), Some(""), Some(""), Some(""), Some("0"), Some("OFF")]],
+                    ),
+                ),
+                round(
+                    Some(com_query(probe::REPLICA_STATUS_SQL)),
+                    result_set(&["Master_Host"], &[]),
+                ),
+                round(Some(com_query("SET GLOBAL read_only = OFF")), ok(1)),
+            ]
+        })
+    }
+
+    /// Writes `responses.json` from the fixtures (run it after changing the probe).
+    #[test]
+    #[ignore = "writes guest-mariadb/responses.json"]
+    fn write_the_responder_file() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/responses.json");
+        let text = serde_json::to_string_pretty(&responder_file()).expect("JSON");
+        std::fs::write(path, text + "\n").expect("writes responses.json");
+    }
+
+    #[test]
+    fn the_responder_file_is_the_fixtures_conversation_and_elects_db_0() {
+        let committed: Value = serde_json::from_str(include_str!("../responses.json"))
+            .expect("responses.json is JSON");
+        assert_eq!(
+            committed,
+            responder_file(),
+            "guest-mariadb/responses.json is out of date with the fixtures; run \
+             `cargo test -p guest-mariadb -- --ignored write_the_responder_file`"
+        );
+        let app = ScriptedAppCall::from_responses(include_str!("../responses.json"))
+            .expect("the SDK reads it");
+        let mut harness = Harness::<MariaDbPlugin>::with_app(app);
+        let mut parent = cluster(2);
+        parent["metadata"]["name"] = json!("example-db");
+        let observed = ["example-db-0", "example-db-1", "example-db-2"]
+            .into_iter()
+            .fold(observation(parent), |o, pod| {
+                o.child(&children::pod_kind(), running_pod(pod))
+            })
+            .build();
+        let decision = harness.reconcile(&observed).expect("decides");
+        let status = decision.status().cloned().unwrap_or_default();
+        assert_eq!(status["currentPrimary"], "example-db-0", "{status}");
+    }
+
     #[test]
     fn a_replica_is_told_its_source_and_the_replication_password_but_no_status_carries_it() {
         let command = Command::Replicate {
