@@ -5,7 +5,7 @@
 //! - `test`: `setup`, then every test in the workspace, end-to-end suites included;
 //! - `lint`: `cargo fmt --check` and clippy with warnings denied;
 //! - `crdgen`: writes `deploy/crds/` from the plugins' Rust types;
-//! - `pack-policies`: builds the etcd and redis plugins and writes their bundles (CRD,
+//! - `pack-policies`: builds the etcd, redis and mariadb plugins and writes their bundles (CRD,
 //!   ClusterRole, ConfigMap) to `policies/`;
 //! - `demo`: a local control plane, the host with the etcd plugin, an `EtcdCluster` converging.
 
@@ -43,7 +43,7 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
-    /// Build the etcd and redis plugins and write their bundles (CRD, ClusterRole, ConfigMap) to policies/ (`policy-host pack --bundle`).
+    /// Build the etcd, redis and mariadb plugins and write their bundles (CRD, ClusterRole, ConfigMap) to policies/ (`policy-host pack --bundle`).
     PackPolicies {
         /// Fail if the file on disk differs from the generated one instead of writing it.
         #[arg(long)]
@@ -254,6 +254,7 @@ fn plugins() -> anyhow::Result<()> {
         "guest-etcd-backup",
         "guest-etcd-restore",
         "guest-redis",
+        "guest-mariadb",
         "misbehaving-policy",
         "session-toy-policy",
     ] {
@@ -286,6 +287,11 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
             "guest-redis/src/spec.rs",
             guest_redis::spec::custom_resource_definition(),
         ),
+        (
+            "mariadbcluster.yaml",
+            "guest-mariadb/src/spec.rs",
+            guest_mariadb::spec::custom_resource_definition(),
+        ),
     ];
     std::fs::create_dir_all(root.join("deploy/crds"))?;
     for (file, source, crd) in crds {
@@ -316,11 +322,13 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
 /// `deploy/crds/`, so run `crdgen` first), the ClusterRole its kinds need, and the ConfigMap
 /// in namespace `policy-host` with host default limits and the grant each asks for: etcd and
 /// etcd-backup app-calls to the `client` port of their own pods (the etcd gateway), redis
-/// exchanges with the `redis` port of its own pods, etcd-restore none (it only creates an
-/// EtcdCluster); and the images their pods may run: the etcd images (upstream's and the
-/// classic operator's) and `minio/mc` for the etcd plugins, `redis` for redis.
+/// exchanges with the `redis` port of its own pods, mariadb sessions with the `mysql` port of
+/// its own pods and the Secret `<parent>-credentials` (generated when absent), etcd-restore
+/// none (it only creates an EtcdCluster); and the images their pods may run: the etcd images
+/// (upstream's and the classic operator's) and `minio/mc` for the etcd plugins, `redis` for
+/// redis, `mariadb` for mariadb.
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
-    let plugins: [(&str, &str, &[&str], &str, &str); 4] = [
+    let plugins: [(&str, &str, &[&str], &str, &str); 5] = [
         (
             "guest-etcd",
             "plugin-etcd",
@@ -366,6 +374,20 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
             &["--grant-exchange", "redis", "--grant-image", "redis"],
             "deploy/crds/redisreplication.yaml",
             "policies/redis.yaml",
+        ),
+        (
+            "guest-mariadb",
+            "plugin-mariadb",
+            &[
+                "--grant-exchange",
+                "mysql",
+                "--grant-image",
+                "mariadb",
+                "--grant-secret",
+                "{parent}-credentials:root-password,replication-password",
+            ],
+            "deploy/crds/mariadbcluster.yaml",
+            "policies/mariadb.yaml",
         ),
     ];
     for (package, config_map, grant, crd, file) in plugins {

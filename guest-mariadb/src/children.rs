@@ -1,0 +1,278 @@
+//! Names and JSON of what the plugin creates: one Pod and one claim per server, the server
+//! configuration (a ConfigMap), the Services `<name>-primary`, `<name>-replicas` and
+//! `<name>-headless`, and a PodDisruptionBudget.
+
+use policy_host_sdk::children::{
+    Container, Pod, child_object, claim, config_map_kind, disruption_budget, headless_service,
+    service,
+};
+pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
+use policy_host_sdk::names::ChildName;
+use serde_json::{Value, json};
+
+use crate::spec::MariaDBClusterSpec;
+
+/// MariaDB's port.
+pub const MYSQL_PORT: u16 = 3306;
+
+/// The container port name the plugin holds sessions with (the admin grants it).
+pub const MYSQL_PORT_NAME: &str = "mysql";
+
+/// The account replicas replicate with (the image's entrypoint creates it on every server
+/// from `MARIADB_REPLICATION_USER`, outside the binlog).
+pub const REPLICATION_USER: &str = "repl";
+
+/// Label naming the resource a Pod belongs to.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+
+/// Label the plugin sets on every server: `primary`, `replica`, or `errant` (quarantined: in
+/// neither Service). The Services select on it, so they follow a failover once it moves.
+pub const ROLE_LABEL: &str = "mariadb.policy-host.io/role";
+
+/// The annotation on the MariaDBCluster asking for a switchover: its value names the server
+/// to promote (`<name>-2`), optionally followed by `@<anything>` to ask again for a server
+/// already promoted once.
+pub const SWITCHOVER_ANNOTATION: &str = "mariadb.policy-host.io/switchover-to";
+
+/// Every name and label value derived from the parent's name, with the largest ordinal
+/// (`spec.replicas` is at most 8): a parent whose name makes one invalid is refused before
+/// anything is applied.
+pub const CHILD_NAMES: &[ChildName] = &[
+    ChildName::service("{name}-primary"),
+    ChildName::service("{name}-replicas"),
+    ChildName::service("{name}-headless"),
+    // The Pod name is also its hostname: a DNS label.
+    ChildName::dns_label("Pod", "{name}-8"),
+    ChildName::object("PersistentVolumeClaim", "data-{name}-8"),
+    ChildName::object("ConfigMap", "{name}-config"),
+    ChildName::label_value(INSTANCE_LABEL, "{name}"),
+];
+
+/// The largest ordinal a server gets (`spec.replicas` is at most 8).
+pub const MAX_ORDINAL: u32 = 8;
+
+/// The Pod name of server `ordinal`.
+pub fn pod_name(parent: &str, ordinal: u32) -> String {
+    format!("{parent}-{ordinal}")
+}
+
+/// The ordinal of a server Pod of `parent`, if `pod` is one.
+pub fn ordinal(parent: &str, pod: &str) -> Option<u32> {
+    pod.strip_prefix(parent)?.strip_prefix('-')?.parse().ok()
+}
+
+/// The headless Service, which gives each server a stable DNS name.
+pub fn headless_name(parent: &str) -> String {
+    format!("{parent}-headless")
+}
+
+/// The name replicas reach `pod` by: `<pod>.<parent>-headless`.
+pub fn host_of(parent: &str, pod: &str) -> String {
+    format!("{pod}.{}", headless_name(parent))
+}
+
+/// The claim holding server `pod`'s data.
+pub fn claim_name(pod: &str) -> String {
+    format!("data-{pod}")
+}
+
+fn config_name(parent: &str) -> String {
+    format!("{parent}-config")
+}
+
+/// What every server runs with, whatever its role. Every server starts read-only and does not
+/// start replicating by itself (MOCO boots `super_read_only` and `skip_replica_start`): only
+/// the plugin makes a server writable or points it at a source, after checking GTIDs, so a
+/// server that restarts can never take writes beside another primary.
+///
+/// Semi-synchronous replication waits after the binlog sync (`AFTER_SYNC`), so a write is
+/// acknowledged only once a replica has it; its timeout is the largest MariaDB takes, so it
+/// never falls back to asynchronous silently. The primary turns it on only with replicas.
+pub const SERVER_CONFIG: &str = "\
+[mariadb]
+log_bin = mariadb-bin
+log_slave_updates = ON
+binlog_format = ROW
+gtid_strict_mode = ON
+gtid_domain_id = 0
+read_only = ON
+skip_slave_start
+relay_log = relay-bin
+relay_log_recovery = ON
+sync_binlog = 1
+innodb_flush_log_at_trx_commit = 1
+rpl_semi_sync_slave_enabled = ON
+rpl_semi_sync_master_wait_point = AFTER_SYNC
+rpl_semi_sync_master_timeout = 4294967295
+skip_name_resolve = ON
+";
+
+/// The ConfigMap holding [`SERVER_CONFIG`], mounted into every server's `conf.d`.
+pub fn server_config(parent: &str) -> Value {
+    child_object(
+        &config_map_kind(),
+        &config_name(parent),
+        &[(INSTANCE_LABEL, parent)],
+        json!({ "data": { "policy-host.cnf": SERVER_CONFIG } }),
+    )
+}
+
+/// A server's role label value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Takes writes; behind `<name>-primary`.
+    Primary,
+    /// Replicates from the primary; behind `<name>-replicas`.
+    Replica,
+    /// Holds transactions the primary lacks; in no Service.
+    Errant,
+}
+
+impl Role {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+            Role::Errant => "errant",
+        }
+    }
+}
+
+/// A server Pod: `image` is the one it was created with (an image change is a rolling
+/// restart, not done by this plugin yet), the role label is the only field that moves.
+pub fn server_pod(
+    parent: &str,
+    pod: &str,
+    image: &str,
+    role: Role,
+    spec: &MariaDBClusterSpec,
+) -> Value {
+    // server_id must differ between servers (GTIDs carry it) and may not be 0 on a replica.
+    let server_id = ordinal(parent, pod).map_or(1, |o| o + 1);
+    let secret = &spec.secret(parent);
+    let mut container = Container::new("mariadb", image)
+        .args([
+            format!("--server-id={server_id}"),
+            format!("--report-host={}", host_of(parent, pod)),
+        ])
+        .port(MYSQL_PORT_NAME, MYSQL_PORT)
+        .env_from_secret("MARIADB_ROOT_PASSWORD", secret, "root-password")
+        .env("MARIADB_ROOT_HOST", "%")
+        .env("MARIADB_REPLICATION_USER", REPLICATION_USER)
+        .env_from_secret(
+            "MARIADB_REPLICATION_PASSWORD",
+            secret,
+            "replication-password",
+        )
+        .mount("data", "/var/lib/mysql")
+        .mount("config", "/etc/mysql/conf.d")
+        .ready_on_tcp(MYSQL_PORT_NAME);
+    if let Some(resources) = &spec.resources {
+        container = container.field(
+            "resources",
+            serde_json::to_value(resources).unwrap_or_default(),
+        );
+    }
+    let mut built = Pod::new(pod)
+        .label(INSTANCE_LABEL, parent)
+        .label(ROLE_LABEL, role.label())
+        .stable_dns(&headless_name(parent))
+        .claim_volume("data", &claim_name(pod))
+        .container(container)
+        .spec_field("terminationGracePeriodSeconds", json!(30))
+        .build();
+    // The ConfigMap volume: not among the SDK's builders.
+    if let Some(volumes) = built["spec"]["volumes"].as_array_mut() {
+        volumes.push(json!({ "name": "config", "configMap": { "name": config_name(parent) } }));
+    }
+    built
+}
+
+/// Server `pod`'s claim.
+pub fn server_claim(parent: &str, pod: &str, spec: &MariaDBClusterSpec) -> Value {
+    let mut built = claim(
+        &claim_name(pod),
+        &spec.storage.size,
+        spec.storage.storage_class_name.as_deref(),
+    );
+    built["metadata"]["labels"] = json!({ INSTANCE_LABEL: parent });
+    built
+}
+
+/// The Services: writes, reads, and the headless one for stable names.
+pub fn services(parent: &str) -> [Value; 3] {
+    let ports = [(MYSQL_PORT_NAME, MYSQL_PORT)];
+    [
+        service(
+            &format!("{parent}-primary"),
+            &[(INSTANCE_LABEL, parent), (ROLE_LABEL, "primary")],
+            &ports,
+        ),
+        service(
+            &format!("{parent}-replicas"),
+            &[(INSTANCE_LABEL, parent), (ROLE_LABEL, "replica")],
+            &ports,
+        ),
+        headless_service(&headless_name(parent), &[(INSTANCE_LABEL, parent)], &ports),
+    ]
+}
+
+/// One server evicted at a time.
+pub fn budget(parent: &str) -> Value {
+    disruption_budget(parent, &[(INSTANCE_LABEL, parent)], 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_pod_gets_its_identity_its_claim_its_config_and_the_passwords_by_reference() {
+        let spec = MariaDBClusterSpec::default();
+        let pod = server_pod("db", "db-2", "mariadb:10.11", Role::Replica, &spec);
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(
+            container["args"],
+            json!(["--server-id=3", "--report-host=db-2.db-headless"])
+        );
+        assert_eq!(pod["metadata"]["labels"][ROLE_LABEL], "replica");
+        assert_eq!(pod["spec"]["subdomain"], "db-headless");
+        let env = container["env"].as_array().cloned().unwrap_or_default();
+        let root = env
+            .iter()
+            .find(|e| e["name"] == "MARIADB_ROOT_PASSWORD")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(root["valueFrom"]["secretKeyRef"]["name"], "db-credentials");
+        assert!(
+            env.iter().all(|e| e["value"] != "secret"),
+            "no password is written into the Pod"
+        );
+        let volumes = pod["spec"]["volumes"].to_string();
+        assert!(volumes.contains("data-db-2") && volumes.contains("db-config"));
+    }
+
+    #[test]
+    fn the_server_config_turns_on_what_failover_relies_on() {
+        for line in [
+            "gtid_strict_mode = ON",
+            "log_slave_updates = ON",
+            "binlog_format = ROW",
+            "read_only = ON",
+            "skip_slave_start\n",
+            "rpl_semi_sync_master_wait_point = AFTER_SYNC",
+        ] {
+            assert!(SERVER_CONFIG.contains(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn services_select_by_role() {
+        let [primary, replicas, headless] = services("db");
+        assert_eq!(primary["spec"]["selector"][ROLE_LABEL], "primary");
+        assert_eq!(replicas["spec"]["selector"][ROLE_LABEL], "replica");
+        assert_eq!(headless["spec"]["clusterIP"], "None");
+        assert!(headless["spec"]["selector"].get(ROLE_LABEL).is_none());
+    }
+}

@@ -1,0 +1,355 @@
+//! The `MariaDBCluster` custom resource: spec and status types, and the CRD built from them.
+//!
+//! The doc comments on fields become the field descriptions of the generated CRD schema
+//! (`cargo xtask crdgen`, feature `crd`).
+
+use std::collections::BTreeMap;
+
+pub use policy_host_sdk::conditions::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// MariaDB version used when `spec.version` is not set: Debian 12's.
+pub const DEFAULT_VERSION: &str = "10.11";
+
+/// Most replicas besides the primary (nine servers in all).
+pub const MAX_REPLICAS: i32 = 8;
+
+fn default_version() -> String {
+    DEFAULT_VERSION.to_owned()
+}
+
+fn default_replicas() -> i32 {
+    2
+}
+
+fn default_storage_size() -> String {
+    "1Gi".to_owned()
+}
+
+/// Desired state of a MariaDB primary with GTID replicas.
+// Each printer column repeats `type_ = "string"`, which clippy takes for a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(
+    feature = "crd",
+    derive(kube::CustomResource),
+    kube(
+        group = "mariadb.policy-host.io",
+        version = "v1alpha1",
+        kind = "MariaDBCluster",
+        plural = "mariadbclusters",
+        namespaced,
+        status = "MariaDBClusterStatus",
+        shortname = "mdb",
+        doc = "A MariaDB primary and its GTID replicas, run by policy-host's mariadb plugin.",
+        printcolumn(
+            name = "Primary",
+            type_ = "string",
+            json_path = ".status.currentPrimary",
+            description = "The server taking writes"
+        ),
+        printcolumn(
+            name = "Ready",
+            type_ = "integer",
+            json_path = ".status.readyReplicas",
+            description = "Replicas replicating from the primary"
+        ),
+        printcolumn(
+            name = "Replicas",
+            type_ = "integer",
+            json_path = ".spec.replicas",
+            description = "Replicas asked for, besides the primary"
+        ),
+        printcolumn(
+            name = "Phase",
+            type_ = "string",
+            json_path = ".status.phase",
+            description = "Creating, Healthy, FailingOver, SwitchingOver or Degraded"
+        ),
+        printcolumn(
+            name = "Age",
+            type_ = "date",
+            json_path = ".metadata.creationTimestamp"
+        )
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MariaDBClusterSpec {
+    /// Replicas besides the primary (0..8): `2` is three servers.
+    #[serde(default = "default_replicas")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 0 && self <= 8",
+        "message": "spec.replicas must be 0 to 8 (the primary not counted)"
+    }]))]
+    pub replicas: i32,
+    /// MariaDB version (`10.11`); the image is `mariadb:<version>` unless `image` is set.
+    /// Read when a server's Pod is created.
+    #[serde(default = "default_version")]
+    #[schemars(length(max = 32))]
+    pub version: String,
+    /// The image to run instead of `mariadb:<version>` (it must accept the official image's
+    /// `MARIADB_*` environment). The admin's image grants still apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The Secret (in the resource's namespace) holding the passwords: `root-password` (the
+    /// plugin logs in as root) and `replication-password` (the `repl` account replicas use).
+    /// Default `<name>-credentials`, which the shipped bundle grants and the host creates with
+    /// random passwords when it is absent; any other name needs the admin's grant
+    /// (`pack --grant-secret`). A Secret you create yourself must carry the label
+    /// `mountable-by.policy-host.io/mariadb: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: Option<String>,
+    /// Each server's data volume.
+    #[serde(default)]
+    pub storage: Storage,
+    /// CPU and memory of each server's container, as a Pod's `resources`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// A server's data volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Storage {
+    /// Size of each server's PersistentVolumeClaim (`1Gi`).
+    #[serde(default = "default_storage_size")]
+    pub size: String,
+    /// StorageClass of the claims; the cluster's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+/// Requests and limits of a server's container (`cpu`, `memory`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Resources {
+    /// What the scheduler reserves, e.g. `{cpu: 500m, memory: 1Gi}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    /// The most the container may use.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+}
+
+impl MariaDBClusterSpec {
+    /// A spec with the defaults and the given credentials Secret.
+    pub fn with_secret(secret: &str) -> Self {
+        MariaDBClusterSpec {
+            credentials_secret: Some(secret.to_owned()),
+            ..MariaDBClusterSpec::default()
+        }
+    }
+
+    /// The Secret holding the passwords of the cluster `name`.
+    pub fn secret(&self, name: &str) -> String {
+        self.credentials_secret
+            .clone()
+            .unwrap_or_else(|| format!("{name}-credentials"))
+    }
+}
+
+impl Default for MariaDBClusterSpec {
+    fn default() -> Self {
+        MariaDBClusterSpec {
+            replicas: default_replicas(),
+            version: default_version(),
+            image: None,
+            credentials_secret: None,
+            storage: Storage::default(),
+            resources: None,
+        }
+    }
+}
+
+impl MariaDBClusterSpec {
+    /// The image the servers run.
+    pub fn image(&self) -> String {
+        self.image
+            .clone()
+            .unwrap_or_else(|| format!("mariadb:{}", self.version))
+    }
+
+    /// Why the spec cannot be run, as a message naming the field to fix.
+    pub fn invalid(&self) -> Option<String> {
+        if !(0..=MAX_REPLICAS).contains(&self.replicas) {
+            return Some(format!(
+                "spec.replicas is {}; set it between 0 and {MAX_REPLICAS} (the primary is not counted)",
+                self.replicas
+            ));
+        }
+        if self.credentials_secret.as_deref() == Some("") {
+            return Some(
+                "spec.credentialsSecret is empty; name the Secret holding root-password and replication-password, or leave it out for `<name>-credentials`".to_owned(),
+            );
+        }
+        let parts: Vec<&str> = self.version.split('.').collect();
+        if self.image.is_none()
+            && (!(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.parse::<u32>().is_err()))
+        {
+            return Some(format!(
+                "spec.version `{}` is not a version like 10.11; fix spec.version",
+                self.version
+            ));
+        }
+        None
+    }
+}
+
+/// One replica as the plugin last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaState {
+    /// Pod name.
+    pub name: String,
+    /// `Replicating`, `Stopped` (replication threads not both running), `Errant` (holds
+    /// transactions the primary lacks; quarantined), `Unreachable`.
+    pub state: String,
+    /// `@@gtid_current_pos`: what the server has executed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gtid_current_pos: String,
+    /// `Gtid_IO_Pos`: what it has retrieved from the primary.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gtid_io_pos: String,
+}
+
+/// Observed state, written by the plugin.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MariaDBClusterStatus {
+    /// The server taking writes: the `-primary` Service points at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// The primary's `@@gtid_binlog_pos` when last seen.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub primary_gtid_pos: String,
+    /// Every other server, by name.
+    #[serde(default)]
+    pub replicas: Vec<ReplicaState>,
+    /// Replicas replicating from the primary with both threads running.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replicas holding transactions the primary lacks: out of the `-replicas` Service and
+    /// never promoted. Delete such a server's Pod and PersistentVolumeClaim to rebuild it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errant_replicas: Vec<String>,
+    /// The last switchover request carried out (the annotation's value), so it is not
+    /// carried out again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_switchover: Option<String>,
+    /// `Creating`, `Healthy`, `FailingOver`, `SwitchingOver` or `Degraded`.
+    #[serde(default)]
+    pub phase: String,
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Available` (the primary takes writes), `Progressing` (servers starting, catching up,
+    /// a failover or switchover under way), `Degraded` (a spec that cannot run, a lost
+    /// primary, an errant replica, fewer replicas than asked).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The CRD, from the types above.
+#[cfg(feature = "crd")]
+pub fn custom_resource_definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    MariaDBCluster::crd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_validation_table() {
+        let base = MariaDBClusterSpec::with_secret("db-auth");
+        let rows = [
+            ("the default spec runs", base.clone(), None),
+            (
+                "a lone primary runs",
+                MariaDBClusterSpec {
+                    replicas: 0,
+                    ..base.clone()
+                },
+                None,
+            ),
+            (
+                "nine replicas is refused",
+                MariaDBClusterSpec {
+                    replicas: 9,
+                    ..base.clone()
+                },
+                Some("spec.replicas"),
+            ),
+            (
+                "a negative count is refused",
+                MariaDBClusterSpec {
+                    replicas: -1,
+                    ..base.clone()
+                },
+                Some("spec.replicas"),
+            ),
+            (
+                "an empty credentials Secret name is refused",
+                MariaDBClusterSpec::with_secret(""),
+                Some("spec.credentialsSecret"),
+            ),
+            (
+                "no credentials Secret named is `<name>-credentials`",
+                MariaDBClusterSpec::default(),
+                None,
+            ),
+            (
+                "a version that is not x.y is refused",
+                MariaDBClusterSpec {
+                    version: "latest".into(),
+                    ..base.clone()
+                },
+                Some("spec.version"),
+            ),
+            (
+                "an image of one's own makes the version unread",
+                MariaDBClusterSpec {
+                    version: "latest".into(),
+                    image: Some("registry.example/mariadb:10.11.6".into()),
+                    ..base.clone()
+                },
+                None,
+            ),
+        ];
+        for (situation, spec, want) in rows {
+            let got = spec.invalid();
+            match want {
+                None => assert_eq!(got, None, "{situation}"),
+                Some(field) => assert!(
+                    got.as_deref().is_some_and(|m| m.contains(field)),
+                    "{situation}: {got:?}"
+                ),
+            }
+        }
+    }
+
+    #[cfg(feature = "crd")]
+    #[test]
+    fn the_crd_has_its_printer_columns_and_short_name() {
+        let crd = custom_resource_definition();
+        assert_eq!(crd.spec.names.short_names, Some(vec!["mdb".to_owned()]));
+        let columns = crd.spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default();
+        let names: Vec<_> = columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["Primary", "Ready", "Replicas", "Phase", "Age"]);
+    }
+}
