@@ -20,6 +20,7 @@ enum Kind {
     EtcdBackup,
     EtcdRestore,
     RedisReplication,
+    MariaDBCluster,
 }
 
 impl Kind {
@@ -33,9 +34,14 @@ impl Kind {
                 "RedisReplication",
                 "redisreplications",
             ),
+            Kind::MariaDBCluster => (
+                "mariadb.policy-host.io",
+                "MariaDBCluster",
+                "mariadbclusters",
+            ),
         };
         let version = match self {
-            Kind::RedisReplication => "v1alpha1",
+            Kind::RedisReplication | Kind::MariaDBCluster => "v1alpha1",
             _ => "v1beta2",
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -50,6 +56,7 @@ impl Kind {
             Kind::EtcdRestore => json!({"etcdCluster": {"name": "restored"},
                 "backupStorageType": "S3", "s3": s3}),
             Kind::RedisReplication => json!({"replicas": 3, "version": "7.0.15"}),
+            Kind::MariaDBCluster => json!({"replicas": 2}),
         }
     }
 }
@@ -314,6 +321,19 @@ fn rows() -> Vec<Row> {
             json!({"version": "7.0"}),
             "spec.version must be a Redis version",
         ),
+        // MariaDBCluster
+        row(
+            "mariadb with more replicas than it runs",
+            MariaDBCluster,
+            json!({"replicas": 9}),
+            "spec.replicas must be 0 to 8",
+        ),
+        row(
+            "mariadb with only a primary",
+            MariaDBCluster,
+            json!({"replicas": 0}),
+            "",
+        ),
     ]
 }
 
@@ -381,6 +401,7 @@ async fn every_cel_rule_of_every_plugin_crd_refuses_at_the_api_server() -> anyho
         "etcdbackup",
         "etcdrestore",
         "redisreplication",
+        "mariadbcluster",
     ] {
         install_crd(&client, &format!("deploy/crds/{crd}.yaml")).await?;
     }
