@@ -19,10 +19,14 @@ const NAMESPACE: &str = "default";
 
 pub fn run(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     setup(root)?;
-    step("building policy-host");
+    // Cargo's own progress shows: on a fresh clone this build takes minutes, and a silent one
+    // looks hung. A dev build, as the install suite uses, so `cargo xtask test` left it warm;
+    // deploy/Dockerfile builds release for real installs.
+    step(
+        "building policy-host (a dev build, shared with the tests; deploy/Dockerfile builds release)",
+    );
     run_command(policy_host_test_plugins::cargo_command().args([
         "build",
-        "--quiet",
         "-p",
         "policy-host",
         // As the install suite builds it, so the two share one build.
@@ -56,7 +60,9 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     )
     .await?;
     let client = control_plane.client().await?;
-    step("making the images (etcd, redis, pause, and policy-host from deploy/Dockerfile)");
+    step(
+        "making the images (etcd, redis, pause, and policy-host as deploy/Dockerfile lays it out, with the dev build above)",
+    );
     let images_dir = binaries.cache_dir().join("images");
     let mut images = standard_images(&binaries, &images_dir)?;
     let plugin =
@@ -145,18 +151,30 @@ async fn live_view(clusters: &Api<DynamicObject>, pods: &Api<Pod>, name: &str) -
     let Ok(Some(cluster)) = clusters.get_opt(name).await else {
         return format!("{name}: not found");
     };
-    let status = cluster.data.get("status").cloned().unwrap_or(Value::Null);
+    let Some(status) = cluster.data.get("status").cloned().filter(|s| !s.is_null()) else {
+        return format!(
+            "{name}: SIZE {} — waiting for the first status (the plugin writes it on its first decision)",
+            cluster.data["spec"]["size"]
+        );
+    };
     let text = |v: &Value| {
         v.as_str()
             .map(str::to_string)
             .unwrap_or_else(|| v.to_string())
     };
+    let known = |v: &Value| {
+        if v.is_null() {
+            "-".to_string()
+        } else {
+            text(v)
+        }
+    };
     let mut out = format!(
         "{name}: SIZE {} READY {} VERSION {} PHASE {}",
         cluster.data["spec"]["size"],
-        text(&status["ready"]),
-        text(&status["currentVersion"]),
-        text(&status["phase"]),
+        known(&status["ready"]),
+        known(&status["currentVersion"]),
+        known(&status["phase"]),
     );
     for condition in status["conditions"].as_array().into_iter().flatten() {
         if condition["status"] == json!("True") {
