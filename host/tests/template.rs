@@ -1,5 +1,6 @@
 //! The authoring path, end to end: `cargo xtask new-plugin` (its code, included below) turns
-//! `wit/sdk/template` into a new plugin crate outside the workspace, which passes its own
+//! `wit/sdk/template` into a new plugin crate outside the workspace, naming no path of this
+//! checkout (it carries its own copy of the SDK), which passes its own
 //! native tests (its session against the SDK's fake among them), builds for `wasm32-wasip2`,
 //! loads in the sandbox with the description it declared, decides, packs with `policy-host
 //! pack`, and simulates with the responder file its tests read.
@@ -54,6 +55,26 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
     }
     new_plugin::new_plugin(&root, "hello-world", &dir).expect("new-plugin writes the crate");
     let target_dir = work.join("target");
+
+    // Out of the tree: nothing it wrote names a path of this checkout, so it builds wherever
+    // the author moves it (it carries its own copy of the SDK and the contract).
+    let checkout = root.canonicalize().expect("the checkout's path");
+    let mut pending = vec![dir.clone()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("generated dir readable") {
+                pending.push(entry.expect("an entry").path());
+            }
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            assert!(
+                !text.contains(checkout.to_str().unwrap_or("/")),
+                "{} names the checkout {}",
+                path.display(),
+                checkout.display()
+            );
+        }
+    }
+    assert!(dir.join("policy-host-sdk/policy.wit").is_file());
 
     // Its own native tests (the SDK harness), as the author runs them.
     cargo(&dir, &["test", "--quiet"], &target_dir);

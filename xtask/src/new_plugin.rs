@@ -1,5 +1,7 @@
-//! `cargo xtask new-plugin <name>`: a new plugin crate from `wit/sdk/template`, renamed,
-//! pointing at the SDK by path, ready to build for `wasm32-wasip2`, test and pack.
+//! `cargo xtask new-plugin <name>`: a new plugin crate from `wit/sdk/template`, renamed, with
+//! its own copy of the SDK and the contract (`policy-host-sdk/`, a path dependency inside the
+//! crate), ready to build for `wasm32-wasip2`, test and pack wherever it is moved: it names no
+//! path of this checkout, so it can be the first commit of the author's own repository.
 //!
 //! Only std and anyhow here: `host/tests/template.rs` includes this file to prove that what
 //! it generates builds, passes its tests, loads in the sandbox and packs.
@@ -72,10 +74,7 @@ pub fn new_plugin(workspace_root: &Path, name: &str, dir: &Path) -> anyhow::Resu
             }
             text = text.replace(
                 from,
-                &format!(
-                    "policy-host-sdk = {{ path = {:?} }}",
-                    sdk.display().to_string()
-                ),
+                &format!("policy-host-sdk = {{ path = \"{VENDORED_SDK}\" }}"),
             );
         }
         let target = dir.join(&relative);
@@ -86,7 +85,86 @@ pub fn new_plugin(workspace_root: &Path, name: &str, dir: &Path) -> anyhow::Resu
         std::fs::write(&target, text)
             .with_context(|| format!("cannot write {}", target.display()))?;
     }
+    vendor_sdk(workspace_root, &sdk, &dir.join(VENDORED_SDK))?;
     Ok(dir.to_path_buf())
+}
+
+/// Where a new plugin keeps its copy of the SDK, relative to it.
+pub const VENDORED_SDK: &str = "policy-host-sdk";
+
+/// Copies the SDK's sources and the contract it is generated from into `into`, with a
+/// manifest of its own (the workspace's inherited fields and dependency versions written
+/// out), so the new plugin builds without this checkout.
+fn vendor_sdk(workspace_root: &Path, sdk: &Path, into: &Path) -> anyhow::Result<()> {
+    let src = sdk.join("src");
+    for relative in template_files(&src)? {
+        let mut text = std::fs::read_to_string(src.join(&relative))
+            .with_context(|| format!("cannot read the SDK's {}", relative.display()))?;
+        if relative == Path::new("wasm.rs") {
+            let from = "path: \"../policy.wit\"";
+            if !text.contains(from) {
+                bail!("the SDK's wasm.rs no longer has `{from}`; update xtask/src/new_plugin.rs");
+            }
+            text = text.replace(from, "path: \"policy.wit\"");
+        }
+        write(&into.join("src").join(&relative), &text)?;
+    }
+    let contract = std::fs::read_to_string(workspace_root.join("wit/policy.wit"))
+        .context("cannot read wit/policy.wit")?;
+    write(&into.join("policy.wit"), &contract)?;
+    let workspace = std::fs::read_to_string(workspace_root.join("Cargo.toml"))
+        .context("cannot read the workspace's Cargo.toml")?;
+    let manifest = std::fs::read_to_string(sdk.join("Cargo.toml"))
+        .context("cannot read the SDK's Cargo.toml")?;
+    write(
+        &into.join("Cargo.toml"),
+        &standalone_manifest(&manifest, &workspace)?,
+    )
+}
+
+/// `manifest` (the SDK's) with every `key.workspace = true` replaced by the workspace's value
+/// of `key` and the workspace lints dropped.
+fn standalone_manifest(manifest: &str, workspace: &str) -> anyhow::Result<String> {
+    let mut out = String::from(
+        "# The policy-host SDK, copied by `cargo xtask new-plugin` with the contract it is\n\
+         # generated from (policy.wit): replace the directory with a newer copy to upgrade.\n",
+    );
+    let mut in_lints = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            in_lints = line.trim() == "[lints]";
+            if in_lints {
+                continue;
+            }
+        }
+        if in_lints {
+            continue;
+        }
+        match line.split_once(".workspace = true") {
+            Some((key, "")) => {
+                let value = workspace
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{key} = ")))
+                    .with_context(|| {
+                        format!("the workspace's Cargo.toml has no `{key} = ...` for the SDK")
+                    })?;
+                out.push_str(&format!("{key} = {value}\n"));
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// A plugin name is a DNS label (the host names things after it) and not the template's.
