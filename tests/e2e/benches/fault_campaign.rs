@@ -7,8 +7,10 @@
 //! - **the history is linearizable**, as porcupine (an existing checker, through the Go client
 //!   `tests/env/campaign-writer`) finds the puts and gets of a few registers;
 //! - **no quorum loss is the operator's doing**: a stretch of 5 s or more in which no member
-//!   answers a linearizable read, while the faults the campaign injected in and just before it
-//!   hurt no more members than the quorum tolerates;
+//!   answers a linearizable read fails the run when the faults the campaign injected in and
+//!   just before it hurt no more members than the quorum tolerates *and* the operator changed
+//!   the members in it or 10 s before (`policy_host_e2e::campaign` judges; a stretch with
+//!   neither is a stall of the loaded machine, counted);
 //! - **every membership change is done once**: each member ID is added at most once and
 //!   removed at most once (the plugin's `MemberAdded` / `MemberRemoved` Events, a series
 //!   counting each repeat), and etcd's final members are the ones before the faults plus
@@ -45,6 +47,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use policy_host_e2e::campaign::{
+    ACTION_WINDOW, Hurt, OperatorAction, QuorumVerdict, Sample, judge_no_quorum,
+    no_quorum_stretches, operator_actions,
+};
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::install::{load_host_image, run_readme_install};
 use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
@@ -58,11 +64,6 @@ const HOST_NAMESPACE: &str = "policy-host";
 const BACK_TO_SPEC: Duration = Duration::from_secs(180);
 /// How long the spec must hold, without a break, to count as back.
 const HELD: Duration = Duration::from_secs(6);
-/// A stretch without quorum shorter than this is an election or a member restarting.
-const QUORUM_LOSS: Duration = Duration::from_secs(5);
-/// A fault counts against the quorum from when it is made until this long after (a killed
-/// member restarts and catches up, a replacement is added and starts, within it).
-const HURT_FOR: Duration = Duration::from_secs(20);
 
 /// SplitMix64: the campaign's source of randomness, so a seed names a run.
 struct Rng(u64);
@@ -235,22 +236,12 @@ struct Report {
     samples: Vec<Sample>,
 }
 
-#[derive(serde::Deserialize)]
-struct Sample {
-    t: i64,
-    quorum: bool,
-    members: Option<Vec<Member>>,
-}
-
-#[derive(serde::Deserialize)]
-struct Member {
-    learner: bool,
-}
-
 /// One run's outcome.
 struct Outcome {
     failures: Vec<String>,
     notes: Vec<String>,
+    /// Stretches without quorum that neither the faults nor the operator explain.
+    stalls: usize,
 }
 
 fn main() -> Result<()> {
@@ -285,6 +276,7 @@ async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
     let mut failed = Vec::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut durations = Vec::new();
+    let mut stalls = 0;
     for seed in first_seed..first_seed + runs {
         let plan = plan(seed);
         for (_, fault) in &plan.faults {
@@ -294,6 +286,7 @@ async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
         let outcome = campaign.run(seed, &plan).await;
         let took = run_started.elapsed();
         durations.push(took);
+        stalls += outcome.as_ref().map_or(0, |o| o.stalls);
         let (verdict, notes) = match outcome {
             Ok(o) if o.failures.is_empty() => ("ok".to_owned(), o.notes),
             Ok(o) => {
@@ -313,7 +306,7 @@ async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
     }
     durations.sort();
     println!(
-        "summary: {runs} runs from seed {first_seed} in {:.1} min (median run {:.1} s); faults {}; {} failed{}",
+        "summary: {runs} runs from seed {first_seed} in {:.1} min (median run {:.1} s); faults {}; {stalls} stalls of the machine without quorum; {} failed{}",
         started.elapsed().as_secs_f64() / 60.0,
         durations
             .get(durations.len() / 2)
@@ -572,7 +565,25 @@ impl Campaign {
                 report.visualization.as_deref().unwrap_or("none")
             )),
         }
-        let (quorum_failures, quorum_notes) = quorum_losses(&report.samples, &done);
+        let all_events = events.list(&ListParams::default()).await?.items;
+        let own_deletes: Vec<(String, i64)> = done
+            .iter()
+            .filter(|d| {
+                matches!(
+                    d.fault,
+                    Fault::KillMember {
+                        how: Kill::DeletePod,
+                        ..
+                    } | Fault::KillEtcdLeader {
+                        how: Kill::DeletePod
+                    }
+                )
+            })
+            .map(|d| (d.target.clone(), d.at_ms))
+            .collect();
+        let actions = operator_actions(&all_events, &format!("{NAME}-"), &own_deletes);
+        let (quorum_failures, quorum_notes, stalls) =
+            quorum_losses(&report.samples, &done, &actions);
         failures.extend(quorum_failures);
         notes.extend(quorum_notes);
         let after_events = membership_events(&events).await?;
@@ -601,7 +612,11 @@ impl Campaign {
         }
         let _ = clusters.delete(NAME, &DeleteParams::background()).await;
         drop(namespace);
-        Ok(Outcome { failures, notes })
+        Ok(Outcome {
+            failures,
+            notes,
+            stalls,
+        })
     }
 
     /// Makes one fault; returns what it hit.
@@ -965,9 +980,12 @@ async fn membership_events(events: &Api<Event>) -> Result<BTreeMap<(String, Stri
     let mut counts = BTreeMap::new();
     for e in events.list(&ListParams::default()).await?.items {
         let reason = e.reason.clone().unwrap_or_default();
-        if !matches!(reason.as_str(), "MemberAdded" | "MemberRemoved") {
-            continue;
-        }
+        // A stale learner removed is a member removed (it is added again under a new ID).
+        let reason = match reason.as_str() {
+            "MemberAdded" | "MemberRemoved" => reason,
+            "LearnerRemoved" => "MemberRemoved".to_owned(),
+            _ => continue,
+        };
         let note = e.note.clone().unwrap_or_default();
         // "added member x-3 (ID 8e9e05c52164694d) as a learner"
         let Some(id) = note
@@ -1029,58 +1047,61 @@ fn membership_changes(
     (failures, note)
 }
 
-/// Stretches of at least [`QUORUM_LOSS`] in which no member answered a linearizable read; one
-/// is the operator's doing when the faults made in and just before it hurt no more members
-/// than the voters in the last member list before it tolerate.
-fn quorum_losses(samples: &[Sample], done: &[Done]) -> (Vec<String>, Vec<String>) {
-    let (mut failures, mut notes) = (Vec::new(), Vec::new());
+/// The stretches without quorum of at least [`policy_host_e2e::campaign::QUORUM_LOSS`], each judged
+/// ([`judge_no_quorum`]): the operator's are failures, the campaign's faults' and the
+/// machine's stalls notes; the count of stalls.
+fn quorum_losses(
+    samples: &[Sample],
+    done: &[Done],
+    actions: &[OperatorAction],
+) -> (Vec<String>, Vec<String>, usize) {
+    let (mut failures, mut notes, mut stalls) = (Vec::new(), Vec::new(), 0);
     let Some(first) = samples.first() else {
-        return (vec!["the client took no samples".to_owned()], notes);
+        return (vec!["the client took no samples".to_owned()], notes, 0);
     };
-    let mut voters = 3;
-    let mut longest = Duration::ZERO;
-    let mut i = 0;
-    while i < samples.len() {
-        if samples[i].quorum {
-            if let Some(members) = &samples[i].members {
-                voters = members.iter().filter(|m| !m.learner).count();
-            }
-            i += 1;
-            continue;
-        }
-        let start = samples[i].t;
-        let mut end = start;
-        while i < samples.len() && !samples[i].quorum {
-            end = samples[i].t;
-            i += 1;
-        }
-        let lasted = Duration::from_millis((end - start).max(0) as u64 + 500);
-        longest = longest.max(lasted);
-        if lasted < QUORUM_LOSS {
-            continue;
-        }
-        let hurt: BTreeSet<&str> = done
-            .iter()
-            .filter(|d| d.fault.hurts_a_member())
-            .filter(|d| d.at_ms >= start - HURT_FOR.as_millis() as i64 && d.at_ms <= end)
-            .map(|d| d.target.as_str())
-            .collect();
-        let tolerated = voters.saturating_sub(1) / 2;
+    let hurt: Vec<Hurt> = done
+        .iter()
+        .filter(|d| d.fault.hurts_a_member())
+        .map(|d| Hurt {
+            at_ms: d.at_ms,
+            member: d.target.clone(),
+        })
+        .collect();
+    let stretches = no_quorum_stretches(samples, 3);
+    for stretch in &stretches {
         let what = format!(
-            "no quorum for {:.1} s from +{:.1} s ({voters} voters; members hurt by the campaign in and 20 s before it: {hurt:?})",
-            lasted.as_secs_f64(),
-            (start - first.t) as f64 / 1000.0
+            "no quorum for {:.1} s from +{:.1} s ({} voters",
+            stretch.lasted().as_secs_f64(),
+            (stretch.from_ms - first.t) as f64 / 1000.0,
+            stretch.voters
         );
-        if hurt.len() > tolerated {
-            notes.push(format!("{what}: the campaign's own doing"));
-        } else {
-            failures.push(format!("{what}: more than the faults explain"));
+        match judge_no_quorum(stretch, &hurt, actions) {
+            QuorumVerdict::Brief => {}
+            QuorumVerdict::CampaignFaults { hurt } => {
+                notes.push(format!("{what}; hurt: {hurt:?}): the campaign's own doing"))
+            }
+            QuorumVerdict::MachineStall { hurt } => {
+                stalls += 1;
+                notes.push(format!(
+                    "{what}; hurt: {hurt:?}): a stall of the machine, no operator action in it or {} s before",
+                    ACTION_WINDOW.as_secs()
+                ))
+            }
+            QuorumVerdict::Operator { hurt, actions } => failures.push(format!(
+                "{what}; hurt: {hurt:?}): more than the faults explain, and the operator acted: {}",
+                actions.join("; ")
+            )),
         }
     }
+    let longest = stretches
+        .iter()
+        .map(|s| s.lasted())
+        .max()
+        .unwrap_or_default();
     notes.push(format!(
         "{} quorum samples, longest stretch without quorum {:.1} s",
         samples.len(),
         longest.as_secs_f64()
     ));
-    (failures, notes)
+    (failures, notes, stalls)
 }
