@@ -58,6 +58,10 @@ use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
+// The Redis mode, in a file of its own beside this one.
+#[path = "fault_campaign/redis.rs"]
+mod redis;
+
 const NAME: &str = "campaign";
 const HOST_NAMESPACE: &str = "policy-host";
 /// How long a cluster may take to come back to its spec after the last fault.
@@ -99,14 +103,39 @@ enum Kill {
 
 #[derive(Clone, Debug)]
 enum Fault {
-    KillMember { pick: u64, how: Kill },
-    KillEtcdLeader { how: Kill },
+    KillMember {
+        pick: u64,
+        how: Kill,
+    },
+    KillEtcdLeader {
+        how: Kill,
+    },
     KillHostLeader,
-    CutNetwork { pick: u64, id: usize },
-    HealNetwork { id: usize },
-    Scale { to: u32 },
+    CutNetwork {
+        pick: u64,
+        id: usize,
+    },
+    HealNetwork {
+        id: usize,
+    },
+    Scale {
+        to: u32,
+    },
     Upgrade,
     PluginSwap,
+    /// Redis: the server the client Service selects.
+    KillPrimary {
+        how: Kill,
+    },
+    /// Redis: a server the Service does not select.
+    KillReplica {
+        pick: u64,
+        how: Kill,
+    },
+    /// Redis: the primary's network cut (healed by a later [`Fault::HealNetwork`]).
+    CutPrimary {
+        id: usize,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -120,6 +149,9 @@ impl fmt::Display for Fault {
             Fault::Scale { to } => write!(f, "scale-to-{to}"),
             Fault::Upgrade => write!(f, "rolling-upgrade"),
             Fault::PluginSwap => write!(f, "plugin-hot-swap"),
+            Fault::KillPrimary { how } => write!(f, "kill-primary({how:?})"),
+            Fault::KillReplica { how, .. } => write!(f, "kill-replica({how:?})"),
+            Fault::CutPrimary { .. } => write!(f, "cut-primary"),
         }
     }
 }
@@ -247,43 +279,76 @@ struct Outcome {
 fn main() -> Result<()> {
     let mut runs = 10u64;
     let mut seed = 1u64;
+    let mut app = App::Etcd;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--runs" => runs = args.next().context("--runs takes a number")?.parse()?,
             "--seed" => seed = args.next().context("--seed takes a number")?.parse()?,
+            "--app" => {
+                app = match args.next().as_deref() {
+                    Some("etcd") => App::Etcd,
+                    Some("redis") => App::Redis,
+                    other => bail!("--app takes etcd or redis, not {other:?}"),
+                }
+            }
             // cargo bench passes --bench; nothing else is understood.
             "--bench" => {}
-            other => bail!("unknown argument {other}: use --runs N --seed S"),
+            other => bail!("unknown argument {other}: use --runs N --seed S [--app etcd|redis]"),
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(campaign(runs, seed))
+    runtime.block_on(campaign(runs, seed, app))
 }
 
-async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
+/// What the campaign runs its faults against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum App {
+    /// An EtcdCluster (the etcd plugin).
+    Etcd,
+    /// A RedisReplication (the redis plugin): [`redis`].
+    Redis,
+}
+
+async fn campaign(runs: u64, first_seed: u64, app: App) -> Result<()> {
     let started = Instant::now();
     let mut campaign = Campaign::install().await?;
-    println!(
-        "fault campaign: {runs} runs from seed {first_seed}, etcd {} -> {}, evidence of failures in {}",
-        campaign.older,
-        campaign.newer,
-        campaign.evidence.display()
-    );
+    match app {
+        App::Etcd => println!(
+            "fault campaign: {runs} runs from seed {first_seed}, etcd {} -> {}, evidence of failures in {}",
+            campaign.older,
+            campaign.newer,
+            campaign.evidence.display()
+        ),
+        App::Redis => {
+            campaign.install_redis().await?;
+            println!(
+                "fault campaign (redis): {runs} runs from seed {first_seed}, redis {}, evidence of failures in {}",
+                campaign.redis_version()?,
+                campaign.evidence.display()
+            );
+        }
+    }
     let mut failed = Vec::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut durations = Vec::new();
     let mut stalls = 0;
     for seed in first_seed..first_seed + runs {
-        let plan = plan(seed);
+        let plan = match app {
+            App::Etcd => plan(seed),
+            App::Redis => redis::plan(seed),
+        };
         for (_, fault) in &plan.faults {
             *counts.entry(fault.to_string()).or_default() += 1;
         }
         let run_started = Instant::now();
-        let outcome = campaign.run(seed, &plan).await;
+        let outcome = match app {
+            App::Etcd => campaign.run(seed, &plan).await,
+            App::Redis => campaign.run_redis(seed, &plan).await,
+        };
         let took = run_started.elapsed();
         durations.push(took);
         stalls += outcome.as_ref().map_or(0, |o| o.stalls);
@@ -721,6 +786,9 @@ impl Campaign {
                     .await?;
                 Ok(format!("deadlineMs {deadline}"))
             }
+            Fault::KillPrimary { .. } | Fault::KillReplica { .. } | Fault::CutPrimary { .. } => {
+                bail!("{fault} is a Redis fault; the Redis mode makes it")
+            }
         }
     }
 
@@ -769,10 +837,8 @@ impl Campaign {
         Err("no member says it leads".to_owned())
     }
 
-    /// Waits until the cluster has been converged ([`Campaign::converged`]) for [`HELD`]
-    /// without a break, within [`BACK_TO_SPEC`]; returns when that stretch began. Held, not
-    /// seen once: right after a kill the pods and the status still say Ready until the kubelet
-    /// and the host notice.
+    /// Waits until the cluster has been converged ([`Campaign::converged`]) long enough
+    /// ([`held`]); returns when that stretch began.
     async fn back_to_spec(
         &self,
         clusters: &Api<DynamicObject>,
@@ -780,25 +846,10 @@ impl Campaign {
         size: usize,
         version: &str,
     ) -> Result<Instant> {
-        let deadline = Instant::now() + BACK_TO_SPEC;
-        let mut since: Option<Instant> = None;
-        loop {
-            match self.converged(clusters, pods, size, version).await {
-                Ok(()) => {
-                    let began = *since.get_or_insert_with(Instant::now);
-                    if began.elapsed() >= HELD {
-                        return Ok(began);
-                    }
-                }
-                Err(why) => {
-                    since = None;
-                    if Instant::now() >= deadline {
-                        bail!("not {size}/{size} at {version} within {BACK_TO_SPEC:?}: {why}");
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        held(&format!("{size}/{size} at {version}"), || {
+            self.converged(clusters, pods, size, version)
+        })
+        .await
     }
 
     /// The cluster is `size/size` Running at `version`, with as many Ready pods running it and
@@ -924,6 +975,35 @@ impl Campaign {
             std::fs::write(kept.join(format!("host-{name}.log")), logs)?;
         }
         Ok(())
+    }
+}
+
+/// Waits until `converged` has held for [`HELD`] without a break, within [`BACK_TO_SPEC`];
+/// returns when that stretch began. Held, not seen once: right after a kill the pods and the
+/// status still say Ready until the kubelet and the host notice.
+async fn held<F, Fut>(what: &str, converged: F) -> Result<Instant>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + BACK_TO_SPEC;
+    let mut since: Option<Instant> = None;
+    loop {
+        match converged().await {
+            Ok(()) => {
+                let began = *since.get_or_insert_with(Instant::now);
+                if began.elapsed() >= HELD {
+                    return Ok(began);
+                }
+            }
+            Err(why) => {
+                since = None;
+                if Instant::now() >= deadline {
+                    bail!("not {what} within {BACK_TO_SPEC:?}: {why}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -1,6 +1,7 @@
-//! The fault campaign's judgement of a stretch without quorum (`benches/fault_campaign.rs`):
-//! whose doing it was, the campaign's faults', the operator's, or the machine's. Pure, so
-//! its rows are tested natively from what failed runs recorded.
+//! The fault campaign's judgements (`benches/fault_campaign.rs`): whose doing an etcd stretch
+//! without quorum was (the campaign's faults', the operator's, or the machine's), and which
+//! Redis writes a replica acknowledged that Redis promises to keep. Pure, so their rows are
+//! tested natively, some from what failed runs recorded.
 //!
 //! A stretch is the operator's only when the campaign's faults do not explain it **and** the
 //! operator did something to the members in it or shortly before it: a membership change, a
@@ -278,6 +279,38 @@ fn clock(ms: i64) -> String {
         day / 1_000 % 60,
         day % 1_000
     )
+}
+
+/// A Redis write the primary answered `OK` and `WAIT 1 <ms>` then reported as acknowledged
+/// by `replicas` replicas.
+#[derive(Clone, Debug)]
+pub struct ReplicatedWrite {
+    /// The write's unique key.
+    pub key: String,
+    /// When `WAIT` answered, Unix milliseconds.
+    pub at_ms: i64,
+    /// How many replicas acknowledged it.
+    pub replicas: i64,
+}
+
+/// The replicated writes the final primary does not have, split into those Redis promised to
+/// keep (failures) and those whose every acknowledging replica may have been taken away since:
+/// at least as many replicas killed or scaled away after the write as acknowledged it
+/// (`replicas_lost`: when each went, Unix milliseconds). A failover promotes the replica with
+/// the largest offset, which holds every write any surviving replica acknowledged; a write is
+/// lost for good only when all the replicas that had it are gone.
+pub fn lost_replicated_writes<'a>(
+    writes: &'a [ReplicatedWrite],
+    present: &BTreeSet<String>,
+    replicas_lost: &[i64],
+) -> (Vec<&'a ReplicatedWrite>, Vec<&'a ReplicatedWrite>) {
+    writes
+        .iter()
+        .filter(|w| !present.contains(&w.key))
+        .partition(|w| {
+            let gone_since = replicas_lost.iter().filter(|at| **at >= w.at_ms).count();
+            (gone_since as i64) < w.replicas
+        })
 }
 
 #[cfg(test)]
@@ -578,5 +611,79 @@ mod tests {
         );
         assert!(actions[0].what.starts_with("MemberRemoved at 18:27:09.050"));
         assert!(actions[2].what.contains("campaign-2"));
+    }
+
+    #[test]
+    fn lost_replicated_writes_are_failures_unless_their_replicas_went_too() {
+        let write = |key: &str, at_ms, replicas| ReplicatedWrite {
+            key: key.to_owned(),
+            at_ms,
+            replicas,
+        };
+        struct Row {
+            situation: &'static str,
+            write: ReplicatedWrite,
+            present: bool,
+            replicas_lost: Vec<i64>,
+            failure: bool,
+            excused: bool,
+        }
+        let rows = [
+            Row {
+                situation: "a replicated write on the new primary is kept",
+                write: write("w-1", 1_000, 1),
+                present: true,
+                replicas_lost: vec![2_000],
+                failure: false,
+                excused: false,
+            },
+            Row {
+                situation: "a replicated write missing with every replica still there is lost",
+                write: write("w-2", 1_000, 1),
+                present: false,
+                replicas_lost: vec![],
+                failure: true,
+                excused: false,
+            },
+            Row {
+                situation: "a replica killed before the write does not excuse its loss",
+                write: write("w-3", 1_000, 1),
+                present: false,
+                replicas_lost: vec![900],
+                failure: true,
+                excused: false,
+            },
+            Row {
+                situation: "its one acknowledging replica may have been the one killed after it",
+                write: write("w-4", 1_000, 1),
+                present: false,
+                replicas_lost: vec![1_500],
+                failure: false,
+                excused: true,
+            },
+            Row {
+                situation: "two replicas acknowledged it and only one went: lost",
+                write: write("w-5", 1_000, 2),
+                present: false,
+                replicas_lost: vec![1_500],
+                failure: true,
+                excused: false,
+            },
+        ];
+        let wrong: Vec<String> = rows
+            .iter()
+            .filter_map(|row| {
+                let present: BTreeSet<String> = if row.present {
+                    BTreeSet::from([row.write.key.clone()])
+                } else {
+                    BTreeSet::new()
+                };
+                let writes = [row.write.clone()];
+                let (lost, excused) = lost_replicated_writes(&writes, &present, &row.replicas_lost);
+                (lost.is_empty() == row.failure || excused.is_empty() == row.excused)
+                    .then(|| format!("{}: lost {lost:?}, excused {excused:?}", row.situation))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }
