@@ -139,8 +139,13 @@ pub fn decide(facts: &Facts) -> Plan {
     let server = |name: &str| facts.servers.iter().find(|s| s.name == name);
     let mut commands = Vec::new();
     let mut primary_lost_without_candidate = false;
+    let mut lost_primary_streaming = false;
     let primary: Option<String> = match status.primary.clone() {
         Some(current) if server(&current).is_some_and(Server::alive) => Some(current),
+        Some(lost) if lost_primary_may_stream(facts, &lost) => {
+            lost_primary_streaming = true;
+            Some(lost)
+        }
         Some(lost) => match promotion_candidate(facts, &lost) {
             Some(candidate) => {
                 let offset = candidate.replication.as_ref().map_or(0, |r| r.offset);
@@ -218,7 +223,9 @@ pub fn decide(facts: &Facts) -> Plan {
         .as_deref()
         .and_then(server)
         .filter(|s| s.reachable());
-    if let Some(p) = primary_server.filter(|_| !primary_lost_without_candidate) {
+    if let Some(p) =
+        primary_server.filter(|_| !primary_lost_without_candidate && !lost_primary_streaming)
+    {
         if !promoted_now
             && p.replication
                 .as_ref()
@@ -313,7 +320,17 @@ pub fn decide(facts: &Facts) -> Plan {
             ),
         )
     };
-    let degraded = if primary_lost_without_candidate {
+    let degraded = if lost_primary_streaming {
+        Condition::new(
+            "Degraded",
+            true,
+            "PrimaryStillStreaming",
+            format!(
+                "primary {}'s Pod is gone or going but a replica still receives from it: its process has not ended yet, so the replicas' offsets still move; the replica with the most of its writes is promoted once it ends",
+                primary.clone().unwrap_or_default()
+            ),
+        )
+    } else if primary_lost_without_candidate {
         Condition::new(
             "Degraded",
             true,
@@ -363,6 +380,38 @@ pub fn decide(facts: &Facts) -> Plan {
             REQUEUE_BUSY_MS
         }),
     }
+}
+
+/// Whether the lost primary's process may still be taking writes and streaming them: its
+/// Pod is gone (a grace-0 delete removes it before the kubelet kills the container) or being
+/// deleted, not ended, and a replica's link to a host that is none of the other live servers
+/// still says up. Until that link drops the replicas' offsets still move, so the largest read
+/// now may not be the largest once the primary stops: a replica `WAIT` saw acknowledge a write
+/// could be passed over and the write lost (fault campaign, redis seeds 1 and 4). A primary
+/// whose process ended (the Pod `Failed`) streams nothing more: its replicas' offsets are final.
+fn lost_primary_may_stream(facts: &Facts, lost: &str) -> bool {
+    let lost_server = facts.servers.iter().find(|s| s.name == lost);
+    if lost_server.is_some_and(Server::ended) {
+        return false;
+    }
+    let others: Vec<&str> = facts
+        .servers
+        .iter()
+        .filter(|s| s.name != lost && s.alive())
+        .filter_map(|s| s.ip.as_deref())
+        .collect();
+    facts
+        .servers
+        .iter()
+        .filter(|s| s.name != lost && s.reachable())
+        .filter_map(|s| s.replication.as_ref())
+        .any(|r| {
+            r.role == Role::Replica
+                && r.link_up
+                && r.primary_host
+                    .as_deref()
+                    .is_some_and(|host| !others.contains(&host))
+        })
 }
 
 /// The server holding the most of the lost primary's stream (ties: the lowest ordinal): a
@@ -447,6 +496,19 @@ mod tests {
             Some(Replication::replica_of(
                 &format!("10.0.0.{of}"),
                 true,
+                offset,
+            )),
+        )
+    }
+
+    /// A replica whose link to its primary has dropped (the primary's process ended).
+    fn orphan(ordinal: u32, of: u32, offset: i64) -> Server {
+        server(
+            ordinal,
+            "Running",
+            Some(Replication::replica_of(
+                &format!("10.0.0.{of}"),
+                false,
                 offset,
             )),
         )
@@ -651,7 +713,7 @@ mod tests {
             },
             Row {
                 situation: "the primary failed and a recreated, empty server came up taking writes: the replica with the data is promoted, not it",
-                facts: facts(Some("r-0"), 3, vec![primary(1, 0), replica(2, 0, 80)]),
+                facts: facts(Some("r-0"), 3, vec![primary(1, 0), orphan(2, 0, 80)]),
                 commands: vec![promote(2), follow(1, 2)],
                 primary: Some("r-2"),
                 deleted: &[],
@@ -660,10 +722,60 @@ mod tests {
             },
             Row {
                 situation: "the primary's pod is gone: equal offsets promote the lowest ordinal",
-                facts: facts(Some("r-0"), 3, vec![replica(1, 0, 100), replica(2, 0, 100)]),
+                facts: facts(Some("r-0"), 3, vec![orphan(1, 0, 100), orphan(2, 0, 100)]),
                 commands: vec![promote(1), follow(2, 1)],
                 primary: Some("r-1"),
                 deleted: &[],
+                degraded: "True:FailedOver",
+                events: &["Failover"],
+            },
+            // Fault campaign, redis seeds 1 and 4: the primary's Pod deleted with grace 0 is
+            // gone from the API before the kubelet kills its process, which goes on taking
+            // writes and streaming them; offsets read then still move, and promoting the
+            // largest of them lost writes `WAIT 1` saw a faster replica acknowledge.
+            Row {
+                situation: "the primary's pod is gone but a replica's link to it is still up: its process still streams, so nothing is promoted yet",
+                facts: facts(Some("r-0"), 3, vec![replica(1, 0, 100), orphan(2, 0, 90)]),
+                commands: vec![],
+                primary: Some("r-0"),
+                deleted: &[],
+                degraded: "True:PrimaryStillStreaming",
+                events: &[],
+            },
+            Row {
+                situation: "the primary's pod is being deleted and its replicas still follow it: nothing is promoted before its process ends",
+                facts: facts(
+                    Some("r-0"),
+                    3,
+                    vec![
+                        Server {
+                            deleting: true,
+                            ..primary(0, 100)
+                        },
+                        replica(1, 0, 100),
+                        replica(2, 0, 100),
+                    ],
+                ),
+                commands: vec![],
+                primary: Some("r-0"),
+                deleted: &[],
+                degraded: "True:PrimaryStillStreaming",
+                events: &[],
+            },
+            Row {
+                situation: "the primary failed (its process ended) while a replica still says its link is up: the offsets are final, the largest is promoted",
+                facts: facts(
+                    Some("r-0"),
+                    3,
+                    vec![
+                        server(0, "Failed", None),
+                        replica(1, 0, 90),
+                        orphan(2, 0, 120),
+                    ],
+                ),
+                commands: vec![promote(2), follow(1, 2)],
+                primary: Some("r-2"),
+                deleted: &["r-0"],
                 degraded: "True:FailedOver",
                 events: &["Failover"],
             },

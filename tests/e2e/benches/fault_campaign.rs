@@ -7,8 +7,10 @@
 //! - **the history is linearizable**, as porcupine (an existing checker, through the Go client
 //!   `tests/env/campaign-writer`) finds the puts and gets of a few registers;
 //! - **no quorum loss is the operator's doing**: a stretch of 5 s or more in which no member
-//!   answers a linearizable read, while the faults the campaign injected in and just before it
-//!   hurt no more members than the quorum tolerates;
+//!   answers a linearizable read fails the run when the faults the campaign injected in and
+//!   just before it hurt no more members than the quorum tolerates *and* the operator changed
+//!   the members in it or 10 s before (`policy_host_e2e::campaign` judges; a stretch with
+//!   neither is a stall of the loaded machine, counted);
 //! - **every membership change is done once**: each member ID is added at most once and
 //!   removed at most once (the plugin's `MemberAdded` / `MemberRemoved` Events, a series
 //!   counting each repeat), and etcd's final members are the ones before the faults plus
@@ -45,6 +47,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use policy_host_e2e::campaign::{
+    ACTION_WINDOW, Hurt, OperatorAction, QuorumVerdict, Sample, judge_no_quorum,
+    no_quorum_stretches, operator_actions,
+};
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::install::{load_host_image, run_readme_install};
 use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
@@ -52,17 +58,21 @@ use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
+// The Redis mode, in a file of its own beside this one.
+#[path = "fault_campaign/redis.rs"]
+mod redis;
+
 const NAME: &str = "campaign";
 const HOST_NAMESPACE: &str = "policy-host";
 /// How long a cluster may take to come back to its spec after the last fault.
 const BACK_TO_SPEC: Duration = Duration::from_secs(180);
 /// How long the spec must hold, without a break, to count as back.
 const HELD: Duration = Duration::from_secs(6);
-/// A stretch without quorum shorter than this is an election or a member restarting.
-const QUORUM_LOSS: Duration = Duration::from_secs(5);
-/// A fault counts against the quorum from when it is made until this long after (a killed
-/// member restarts and catches up, a replacement is added and starts, within it).
-const HURT_FOR: Duration = Duration::from_secs(20);
+/// How long after a member's Pod and data are destroyed the campaign destroys no other's: a
+/// replacement is added, started and promoted within it (up to ~20 s under load). Two
+/// destroyed at once leave a 3-member cluster without the data of a majority, which no
+/// operator can bring back without a backup (seed 51: `QuorumLost`, as README says).
+const DATA_LOSS_SPACING: Duration = Duration::from_secs(30);
 
 /// SplitMix64: the campaign's source of randomness, so a seed names a run.
 struct Rng(u64);
@@ -98,14 +108,39 @@ enum Kill {
 
 #[derive(Clone, Debug)]
 enum Fault {
-    KillMember { pick: u64, how: Kill },
-    KillEtcdLeader { how: Kill },
+    KillMember {
+        pick: u64,
+        how: Kill,
+    },
+    KillEtcdLeader {
+        how: Kill,
+    },
     KillHostLeader,
-    CutNetwork { pick: u64, id: usize },
-    HealNetwork { id: usize },
-    Scale { to: u32 },
+    CutNetwork {
+        pick: u64,
+        id: usize,
+    },
+    HealNetwork {
+        id: usize,
+    },
+    Scale {
+        to: u32,
+    },
     Upgrade,
     PluginSwap,
+    /// Redis: the server the client Service selects.
+    KillPrimary {
+        how: Kill,
+    },
+    /// Redis: a server the Service does not select.
+    KillReplica {
+        pick: u64,
+        how: Kill,
+    },
+    /// Redis: the primary's network cut (healed by a later [`Fault::HealNetwork`]).
+    CutPrimary {
+        id: usize,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -119,6 +154,9 @@ impl fmt::Display for Fault {
             Fault::Scale { to } => write!(f, "scale-to-{to}"),
             Fault::Upgrade => write!(f, "rolling-upgrade"),
             Fault::PluginSwap => write!(f, "plugin-hot-swap"),
+            Fault::KillPrimary { how } => write!(f, "kill-primary({how:?})"),
+            Fault::KillReplica { how, .. } => write!(f, "kill-replica({how:?})"),
+            Fault::CutPrimary { .. } => write!(f, "cut-primary"),
         }
     }
 }
@@ -131,6 +169,19 @@ impl Fault {
             Fault::KillMember { .. } | Fault::KillEtcdLeader { .. } | Fault::CutNetwork { .. }
         )
     }
+}
+
+/// Whether the fault destroys a member's Pod and data (a grace-0 delete).
+fn destroys_data(fault: &Fault) -> bool {
+    matches!(
+        fault,
+        Fault::KillMember {
+            how: Kill::DeletePod,
+            ..
+        } | Fault::KillEtcdLeader {
+            how: Kill::DeletePod
+        }
+    )
 }
 
 /// The faults of one run at their offsets from the start of its writer, in time order, and
@@ -235,65 +286,90 @@ struct Report {
     samples: Vec<Sample>,
 }
 
-#[derive(serde::Deserialize)]
-struct Sample {
-    t: i64,
-    quorum: bool,
-    members: Option<Vec<Member>>,
-}
-
-#[derive(serde::Deserialize)]
-struct Member {
-    learner: bool,
-}
-
 /// One run's outcome.
 struct Outcome {
     failures: Vec<String>,
     notes: Vec<String>,
+    /// Stretches without quorum that neither the faults nor the operator explain.
+    stalls: usize,
 }
 
 fn main() -> Result<()> {
     let mut runs = 10u64;
     let mut seed = 1u64;
+    let mut app = App::Etcd;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--runs" => runs = args.next().context("--runs takes a number")?.parse()?,
             "--seed" => seed = args.next().context("--seed takes a number")?.parse()?,
+            "--app" => {
+                app = match args.next().as_deref() {
+                    Some("etcd") => App::Etcd,
+                    Some("redis") => App::Redis,
+                    other => bail!("--app takes etcd or redis, not {other:?}"),
+                }
+            }
             // cargo bench passes --bench; nothing else is understood.
             "--bench" => {}
-            other => bail!("unknown argument {other}: use --runs N --seed S"),
+            other => bail!("unknown argument {other}: use --runs N --seed S [--app etcd|redis]"),
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(campaign(runs, seed))
+    runtime.block_on(campaign(runs, seed, app))
 }
 
-async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
+/// What the campaign runs its faults against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum App {
+    /// An EtcdCluster (the etcd plugin).
+    Etcd,
+    /// A RedisReplication (the redis plugin): [`redis`].
+    Redis,
+}
+
+async fn campaign(runs: u64, first_seed: u64, app: App) -> Result<()> {
     let started = Instant::now();
     let mut campaign = Campaign::install().await?;
-    println!(
-        "fault campaign: {runs} runs from seed {first_seed}, etcd {} -> {}, evidence of failures in {}",
-        campaign.older,
-        campaign.newer,
-        campaign.evidence.display()
-    );
+    match app {
+        App::Etcd => println!(
+            "fault campaign: {runs} runs from seed {first_seed}, etcd {} -> {}, evidence of failures in {}",
+            campaign.older,
+            campaign.newer,
+            campaign.evidence.display()
+        ),
+        App::Redis => {
+            campaign.install_redis().await?;
+            println!(
+                "fault campaign (redis): {runs} runs from seed {first_seed}, redis {}, evidence of failures in {}",
+                campaign.redis_version()?,
+                campaign.evidence.display()
+            );
+        }
+    }
     let mut failed = Vec::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut durations = Vec::new();
+    let mut stalls = 0;
     for seed in first_seed..first_seed + runs {
-        let plan = plan(seed);
+        let plan = match app {
+            App::Etcd => plan(seed),
+            App::Redis => redis::plan(seed),
+        };
         for (_, fault) in &plan.faults {
             *counts.entry(fault.to_string()).or_default() += 1;
         }
         let run_started = Instant::now();
-        let outcome = campaign.run(seed, &plan).await;
+        let outcome = match app {
+            App::Etcd => campaign.run(seed, &plan).await,
+            App::Redis => campaign.run_redis(seed, &plan).await,
+        };
         let took = run_started.elapsed();
         durations.push(took);
+        stalls += outcome.as_ref().map_or(0, |o| o.stalls);
         let (verdict, notes) = match outcome {
             Ok(o) if o.failures.is_empty() => ("ok".to_owned(), o.notes),
             Ok(o) => {
@@ -313,7 +389,7 @@ async fn campaign(runs: u64, first_seed: u64) -> Result<()> {
     }
     durations.sort();
     println!(
-        "summary: {runs} runs from seed {first_seed} in {:.1} min (median run {:.1} s); faults {}; {} failed{}",
+        "summary: {runs} runs from seed {first_seed} in {:.1} min (median run {:.1} s); faults {}; {stalls} stalls of the machine without quorum; {} failed{}",
         started.elapsed().as_secs_f64() / 60.0,
         durations
             .get(durations.len() / 2)
@@ -465,6 +541,18 @@ impl Campaign {
             // The plan's timing: the point of the campaign, not a stand-in for a condition.
             tokio::time::sleep_until((start + *offset).into()).await;
             let at_ms = unix_millis();
+            if destroys_data(fault)
+                && let Some(last) = done.iter().rev().find(|d: &&Done| destroys_data(&d.fault))
+                && at_ms - last.at_ms < DATA_LOSS_SPACING.as_millis() as i64
+            {
+                not_made.push(format!(
+                    "{fault} at +{:.1} s not made: {} s after {}'s data was destroyed (no second member's data within {DATA_LOSS_SPACING:?})",
+                    offset.as_secs_f64(),
+                    (at_ms - last.at_ms) / 1000,
+                    last.target
+                ));
+                continue;
+            }
             match self.inject(fault, &ns, &pods, &clusters, &mut cuts).await {
                 Ok(target) => {
                     eprintln!(
@@ -572,7 +660,15 @@ impl Campaign {
                 report.visualization.as_deref().unwrap_or("none")
             )),
         }
-        let (quorum_failures, quorum_notes) = quorum_losses(&report.samples, &done);
+        let all_events = events.list(&ListParams::default()).await?.items;
+        let own_deletes: Vec<(String, i64)> = done
+            .iter()
+            .filter(|d| destroys_data(&d.fault))
+            .map(|d| (d.target.clone(), d.at_ms))
+            .collect();
+        let actions = operator_actions(&all_events, &format!("{NAME}-"), &own_deletes);
+        let (quorum_failures, quorum_notes, stalls) =
+            quorum_losses(&report.samples, &done, &actions);
         failures.extend(quorum_failures);
         notes.extend(quorum_notes);
         let after_events = membership_events(&events).await?;
@@ -601,7 +697,11 @@ impl Campaign {
         }
         let _ = clusters.delete(NAME, &DeleteParams::background()).await;
         drop(namespace);
-        Ok(Outcome { failures, notes })
+        Ok(Outcome {
+            failures,
+            notes,
+            stalls,
+        })
     }
 
     /// Makes one fault; returns what it hit.
@@ -706,6 +806,9 @@ impl Campaign {
                     .await?;
                 Ok(format!("deadlineMs {deadline}"))
             }
+            Fault::KillPrimary { .. } | Fault::KillReplica { .. } | Fault::CutPrimary { .. } => {
+                bail!("{fault} is a Redis fault; the Redis mode makes it")
+            }
         }
     }
 
@@ -754,10 +857,8 @@ impl Campaign {
         Err("no member says it leads".to_owned())
     }
 
-    /// Waits until the cluster has been converged ([`Campaign::converged`]) for [`HELD`]
-    /// without a break, within [`BACK_TO_SPEC`]; returns when that stretch began. Held, not
-    /// seen once: right after a kill the pods and the status still say Ready until the kubelet
-    /// and the host notice.
+    /// Waits until the cluster has been converged ([`Campaign::converged`]) long enough
+    /// ([`held`]); returns when that stretch began.
     async fn back_to_spec(
         &self,
         clusters: &Api<DynamicObject>,
@@ -765,25 +866,10 @@ impl Campaign {
         size: usize,
         version: &str,
     ) -> Result<Instant> {
-        let deadline = Instant::now() + BACK_TO_SPEC;
-        let mut since: Option<Instant> = None;
-        loop {
-            match self.converged(clusters, pods, size, version).await {
-                Ok(()) => {
-                    let began = *since.get_or_insert_with(Instant::now);
-                    if began.elapsed() >= HELD {
-                        return Ok(began);
-                    }
-                }
-                Err(why) => {
-                    since = None;
-                    if Instant::now() >= deadline {
-                        bail!("not {size}/{size} at {version} within {BACK_TO_SPEC:?}: {why}");
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        held(&format!("{size}/{size} at {version}"), || {
+            self.converged(clusters, pods, size, version)
+        })
+        .await
     }
 
     /// The cluster is `size/size` Running at `version`, with as many Ready pods running it and
@@ -912,6 +998,35 @@ impl Campaign {
     }
 }
 
+/// Waits until `converged` has held for [`HELD`] without a break, within [`BACK_TO_SPEC`];
+/// returns when that stretch began. Held, not seen once: right after a kill the pods and the
+/// status still say Ready until the kubelet and the host notice.
+async fn held<F, Fut>(what: &str, converged: F) -> Result<Instant>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + BACK_TO_SPEC;
+    let mut since: Option<Instant> = None;
+    loop {
+        match converged().await {
+            Ok(()) => {
+                let began = *since.get_or_insert_with(Instant::now);
+                if began.elapsed() >= HELD {
+                    return Ok(began);
+                }
+            }
+            Err(why) => {
+                since = None;
+                if Instant::now() >= deadline {
+                    bail!("not {what} within {BACK_TO_SPEC:?}: {why}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 fn name_of(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
 }
@@ -965,9 +1080,12 @@ async fn membership_events(events: &Api<Event>) -> Result<BTreeMap<(String, Stri
     let mut counts = BTreeMap::new();
     for e in events.list(&ListParams::default()).await?.items {
         let reason = e.reason.clone().unwrap_or_default();
-        if !matches!(reason.as_str(), "MemberAdded" | "MemberRemoved") {
-            continue;
-        }
+        // A stale learner removed is a member removed (it is added again under a new ID).
+        let reason = match reason.as_str() {
+            "MemberAdded" | "MemberRemoved" => reason,
+            "LearnerRemoved" => "MemberRemoved".to_owned(),
+            _ => continue,
+        };
         let note = e.note.clone().unwrap_or_default();
         // "added member x-3 (ID 8e9e05c52164694d) as a learner"
         let Some(id) = note
@@ -1029,58 +1147,61 @@ fn membership_changes(
     (failures, note)
 }
 
-/// Stretches of at least [`QUORUM_LOSS`] in which no member answered a linearizable read; one
-/// is the operator's doing when the faults made in and just before it hurt no more members
-/// than the voters in the last member list before it tolerate.
-fn quorum_losses(samples: &[Sample], done: &[Done]) -> (Vec<String>, Vec<String>) {
-    let (mut failures, mut notes) = (Vec::new(), Vec::new());
+/// The stretches without quorum of at least [`policy_host_e2e::campaign::QUORUM_LOSS`], each judged
+/// ([`judge_no_quorum`]): the operator's are failures, the campaign's faults' and the
+/// machine's stalls notes; the count of stalls.
+fn quorum_losses(
+    samples: &[Sample],
+    done: &[Done],
+    actions: &[OperatorAction],
+) -> (Vec<String>, Vec<String>, usize) {
+    let (mut failures, mut notes, mut stalls) = (Vec::new(), Vec::new(), 0);
     let Some(first) = samples.first() else {
-        return (vec!["the client took no samples".to_owned()], notes);
+        return (vec!["the client took no samples".to_owned()], notes, 0);
     };
-    let mut voters = 3;
-    let mut longest = Duration::ZERO;
-    let mut i = 0;
-    while i < samples.len() {
-        if samples[i].quorum {
-            if let Some(members) = &samples[i].members {
-                voters = members.iter().filter(|m| !m.learner).count();
-            }
-            i += 1;
-            continue;
-        }
-        let start = samples[i].t;
-        let mut end = start;
-        while i < samples.len() && !samples[i].quorum {
-            end = samples[i].t;
-            i += 1;
-        }
-        let lasted = Duration::from_millis((end - start).max(0) as u64 + 500);
-        longest = longest.max(lasted);
-        if lasted < QUORUM_LOSS {
-            continue;
-        }
-        let hurt: BTreeSet<&str> = done
-            .iter()
-            .filter(|d| d.fault.hurts_a_member())
-            .filter(|d| d.at_ms >= start - HURT_FOR.as_millis() as i64 && d.at_ms <= end)
-            .map(|d| d.target.as_str())
-            .collect();
-        let tolerated = voters.saturating_sub(1) / 2;
+    let hurt: Vec<Hurt> = done
+        .iter()
+        .filter(|d| d.fault.hurts_a_member())
+        .map(|d| Hurt {
+            at_ms: d.at_ms,
+            member: d.target.clone(),
+        })
+        .collect();
+    let stretches = no_quorum_stretches(samples, 3);
+    for stretch in &stretches {
         let what = format!(
-            "no quorum for {:.1} s from +{:.1} s ({voters} voters; members hurt by the campaign in and 20 s before it: {hurt:?})",
-            lasted.as_secs_f64(),
-            (start - first.t) as f64 / 1000.0
+            "no quorum for {:.1} s from +{:.1} s ({} voters",
+            stretch.lasted().as_secs_f64(),
+            (stretch.from_ms - first.t) as f64 / 1000.0,
+            stretch.voters
         );
-        if hurt.len() > tolerated {
-            notes.push(format!("{what}: the campaign's own doing"));
-        } else {
-            failures.push(format!("{what}: more than the faults explain"));
+        match judge_no_quorum(stretch, &hurt, actions) {
+            QuorumVerdict::Brief => {}
+            QuorumVerdict::CampaignFaults { hurt } => {
+                notes.push(format!("{what}; hurt: {hurt:?}): the campaign's own doing"))
+            }
+            QuorumVerdict::MachineStall { hurt } => {
+                stalls += 1;
+                notes.push(format!(
+                    "{what}; hurt: {hurt:?}): a stall of the machine, no operator action in it or {} s before",
+                    ACTION_WINDOW.as_secs()
+                ))
+            }
+            QuorumVerdict::Operator { hurt, actions } => failures.push(format!(
+                "{what}; hurt: {hurt:?}): more than the faults explain, and the operator acted: {}",
+                actions.join("; ")
+            )),
         }
     }
+    let longest = stretches
+        .iter()
+        .map(|s| s.lasted())
+        .max()
+        .unwrap_or_default();
     notes.push(format!(
         "{} quorum samples, longest stretch without quorum {:.1} s",
         samples.len(),
         longest.as_secs_f64()
     ));
-    (failures, notes)
+    (failures, notes, stalls)
 }
