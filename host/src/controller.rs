@@ -3,7 +3,11 @@
 //!
 //! The host knows no CRD at compile time: everything is a `DynamicObject` addressed by what the
 //! plugin declared. Children are watched only when they carry the host's policy label, and
-//! each change triggers the parent named in its controller owner reference.
+//! each change triggers the parent named in its controller owner reference. Requeues are kept
+//! by the host, not kube-runtime ([`requeue`]): parents due are reconciled in turn, after
+//! changes.
+
+mod requeue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::controller::{Action as ControllerAction, Config as ControllerConfig};
+use kube::runtime::controller::{Action as KubeAction, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -30,6 +34,9 @@ use crate::observe::{CachedChild, ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::{self, ComparableDecision, Comparison};
 use crate::shard::Shard;
+
+use self::requeue::Action as ControllerAction;
+use self::requeue::{ParentRef, Requeues};
 
 /// Every finalizer the host sets is this prefix and the policy's name.
 pub const FINALIZER_PREFIX: &str = "policy-host.io/";
@@ -283,6 +290,8 @@ pub struct PolicyController {
     shadow_slots: Arc<tokio::sync::Semaphore>,
     /// The parents' chaos drills (`policy-host.io/chaos`).
     chaos: Arc<ChaosSchedule>,
+    /// The parents' requeues, kept out of kube-runtime's scheduler.
+    requeues: Arc<Requeues>,
 }
 
 /// Options for a policy's controller.
@@ -383,6 +392,8 @@ pub async fn run(
         .applied_objects();
     let parents_listed = parent_store.clone();
     let parents_held = parent_store.clone();
+    let cached_parents = parent_store.clone();
+    let requeues = Requeues::new(options.concurrency);
     let mut caches = Vec::new();
     let mut child_streams = Vec::new();
     for kind in &info.children {
@@ -413,7 +424,12 @@ pub async fn run(
         Controller::for_stream_with(gated_parents, parent_store, parent_resource.clone())
             .with_config(ControllerConfig::default().concurrency(options.concurrency))
             // A newly loaded version decides for every parent at once (hot swap).
-            .reconcile_all_on(store.replacements(&policy));
+            .reconcile_all_on(store.replacements(&policy))
+            .reconcile_on(
+                requeues
+                    .clone()
+                    .due_parents(move |parent| cached_parents.get(parent).is_some()),
+            );
     for (stream, resource) in child_streams {
         controller = controller.owns_stream_with(stream, resource);
     }
@@ -436,6 +452,7 @@ pub async fn run(
         shadow_slots: Arc::new(tokio::sync::Semaphore::new(SHADOW_RUNS_IN_FLIGHT)),
         finalizer_grace: options.finalizer_grace,
         chaos,
+        requeues,
     });
     tracing::info!(
         policy = %policy,
@@ -444,13 +461,18 @@ pub async fn run(
         children = ?info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         "controller started"
     );
+    let outcomes = context.clone();
     let running = controller
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, context)
-        .for_each(|outcome| async move {
+        .run(reconcile_in_turn, error_policy_in_turn, context)
+        .for_each(move |outcome| {
             if let Err(error) = outcome {
+                if let kube::runtime::controller::Error::ObjectNotFound(gone) = &error {
+                    outcomes.parent_gone(gone);
+                }
                 tracing::debug!(%error, "reconcile did not complete");
             }
+            std::future::ready(())
         });
     tokio::pin!(running);
     // The parents are listed only after every child kind (see above): their store being
@@ -520,6 +542,36 @@ fn panic_message(error: tokio::task::JoinError) -> String {
             .unwrap_or_else(|| "a panic without a message".to_string()),
         Err(error) => error.to_string(),
     }
+}
+
+/// [`reconcile`] as kube-runtime runs it: counted as running while it runs, its requeue kept in
+/// the host's queue ([`requeue`]), and kube-runtime told to await a change.
+async fn reconcile_in_turn(
+    parent: Arc<DynamicObject>,
+    ctx: Arc<PolicyController>,
+) -> Result<KubeAction, ReconcileError> {
+    let key = ParentRef::from_obj_with(parent.as_ref(), ctx.parent_resource.clone());
+    let running = ctx.requeues.started(&key);
+    let outcome = reconcile(parent, ctx.clone()).await;
+    if let Ok(next) = &outcome {
+        ctx.requeues
+            .schedule(key, *next, tokio::time::Instant::now());
+    }
+    drop(running);
+    outcome.map(|_| KubeAction::await_change())
+}
+
+/// [`error_policy`] as kube-runtime calls it: its retry kept in the host's queue.
+fn error_policy_in_turn(
+    parent: Arc<DynamicObject>,
+    error: &ReconcileError,
+    ctx: Arc<PolicyController>,
+) -> KubeAction {
+    let key = ParentRef::from_obj_with(parent.as_ref(), ctx.parent_resource.clone());
+    let retry = error_policy(parent, error, ctx.clone());
+    ctx.requeues
+        .schedule(key, retry, tokio::time::Instant::now());
+    KubeAction::await_change()
 }
 
 async fn reconcile(
@@ -621,6 +673,8 @@ async fn reconcile(
             if carried.status_written {
                 ctx.own_writes.wrote(&parent);
             }
+            ctx.metrics
+                .child_applies(&ctx.policy, carried.applies_sent, carried.applies_skipped);
             acted?;
             Ok::<_, ReconcileError>((decision.done, decision.requeue_after_ms))
         };
@@ -642,6 +696,7 @@ async fn reconcile(
         };
         ctx.succeeded(&parent);
         if done {
+            ctx.executor.forget_parent(&label);
             ctx.patch_finalizers(&parent, false).await?;
             return Ok(ControllerAction::await_change());
         }
@@ -700,6 +755,8 @@ async fn reconcile(
     if carried.status_written {
         ctx.own_writes.wrote(&parent);
     }
+    ctx.metrics
+        .child_applies(&ctx.policy, carried.applies_sent, carried.applies_skipped);
     acted?;
     // After the decision is carried out, never instead of it: a drill only adds a kill.
     let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
@@ -922,6 +979,17 @@ impl PolicyController {
                 }
             }
         });
+    }
+
+    /// A parent asked for is no longer in the cache (deleted, or moved to another shard):
+    /// what the host kept for it goes.
+    fn parent_gone(&self, parent: &ObjectRef<DynamicObject>) {
+        let namespace = parent.namespace.as_deref().unwrap_or_default();
+        self.executor
+            .forget_parent(&format!("{namespace}/{}", parent.name));
+        let mut key = ParentRef::new_with(&parent.name, self.parent_resource.clone());
+        key.namespace = parent.namespace.clone();
+        self.requeues.gone(&key);
     }
 
     /// Whether `parent` left this host's parent cache while its plugin decided: moved to

@@ -36,3 +36,4 @@ mod plugin_trust;
 mod real_node;
 mod redis_replication;
 mod sharding;
+mod steady_state;

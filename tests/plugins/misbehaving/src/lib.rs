@@ -22,7 +22,10 @@
 //! - `steady`: a parent at steady state: re-applies `spec.applies` unchanged ConfigMaps
 //!   `<parent>-steady-<n>` (default none; guest-etcd's steady decision re-applies three
 //!   objects), writes no status and requeues after `spec.requeueMs` (default 30,000, guest-etcd's
-//!   steady requeue): the background of the reconcile latency bench.
+//!   steady requeue): the background of the reconcile latency bench. `spec.sleepMs` makes the
+//!   decision take that long without using a CPU (a slow decision: overload with few cores), and
+//!   `spec.recordEvent: true` records an Event `Decided` per decision, whose note names
+//!   `spec.change` and the observation's time (a test counts decisions per parent).
 //!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
 //!
@@ -224,7 +227,10 @@ mod plugin {
                 }
                 "steady" => {
                     let applies = parent["spec"]["applies"].as_u64().unwrap_or(0);
-                    let actions = (0..applies)
+                    if let Some(sleep) = parent["spec"]["sleepMs"].as_u64().filter(|ms| *ms > 0) {
+                        std::thread::sleep(std::time::Duration::from_millis(sleep));
+                    }
+                    let mut actions: Vec<Action> = (0..applies)
                         .map(|n| {
                             Action::Apply(
                                 json!({
@@ -237,6 +243,18 @@ mod plugin {
                             )
                         })
                         .collect();
+                    if parent["spec"]["recordEvent"].as_bool() == Some(true) {
+                        actions.push(Action::RecordEvent(Event {
+                            event_type: EventType::Normal,
+                            reason: "Decided".into(),
+                            message: format!(
+                                "{name} decided: change={} at {}.{:09}",
+                                parent["spec"]["change"],
+                                observation.now.seconds,
+                                observation.now.nanoseconds
+                            ),
+                        }));
+                    }
                     Ok(Decision {
                         actions,
                         requeue_after_ms: Some(
