@@ -2,7 +2,9 @@
 //! of misbehaviour within its limits. The parent's `spec.behaviour` picks what it does:
 //!
 //! - `ok` (default): applies a ConfigMap `<parent>-out` and sets `status.observedChildren`
-//!   (and `status.firstObservedChildren`, kept from the first observation after status is cleared);
+//!   (and `status.firstObservedChildren`, kept from the first observation after status is cleared)
+//!   and `status.observedGeneration`, so every change of spec is decided with a write even
+//!   when the host skips the unchanged apply of `<parent>-out` (its `now` has a one-second grain);
 //! - `loop`: spins forever (deadline);
 //! - `memory`: allocates until it is stopped (memory cap);
 //! - `output`: returns a decision of `spec.outputBytes` bytes (output cap);
@@ -278,6 +280,7 @@ mod plugin {
                     let status = json!({
                         "observedChildren": observation.children.len(),
                         "firstObservedChildren": first,
+                        "observedGeneration": parent["metadata"]["generation"].as_u64().unwrap_or(0),
                         "pluginVersion": VERSION,
                     });
                     Ok(Decision {
