@@ -1,5 +1,7 @@
-//! The host's own queue of requeues: every parent is reconciled in turn when more are due than
-//! the controller can take, and a change never waits behind a backlog of requeues (issue 28).
+//! The requeue: when each parent is reconciled again, kept in the host's own queue.
+//!
+//! Every parent is reconciled in turn when more are due than the controller can take, and a
+//! change never waits behind a backlog of requeues (issue 28).
 //!
 //! kube-runtime 5's scheduler puts every due request it cannot start at once into a `pending`
 //! hash set and always starts the first one in the set's iteration order
@@ -32,6 +34,26 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Reconcile again after this long when a plugin asks for nothing sooner.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+
+/// The shortest requeue a plugin can ask for: `requeue-after: 0` would otherwise loop
+/// decisions and writes as fast as the API server answers (review #18).
+pub const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
+/// When to reconcile again: what the plugin asked for, never sooner than [`MIN_REQUEUE`],
+/// or `otherwise` when it asked for nothing.
+pub fn requeue_delay(asked_ms: Option<u64>, otherwise: Duration) -> Duration {
+    asked_ms.map_or(otherwise, |ms| Duration::from_millis(ms).max(MIN_REQUEUE))
+}
+
+/// What a carried-out decision asks for next: the plugin's requeue (or [`DEFAULT_RESYNC`]),
+/// sooner when the parent's chaos drill next needs a look.
+pub fn after_decision(asked_ms: Option<u64>, drill_due: Option<Duration>) -> Action {
+    let requeue = requeue_delay(asked_ms, DEFAULT_RESYNC);
+    Action::requeue(drill_due.map_or(requeue, |due| requeue.min(due)))
+}
 
 /// What a reconcile asks for next, in kube-runtime's words: the host keeps the requeue itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -378,5 +400,24 @@ mod tests {
         // 8 reconciles a second for 60 s over 24 parents: 20 each.
         assert!(least >= 18, "a parent was left behind: {counts:?}");
         assert!(most - least <= 1, "parents reconciled unevenly: {counts:?}");
+    }
+
+    #[test]
+    fn a_requeue_of_zero_waits_the_floor() {
+        assert_eq!(requeue_delay(Some(0), DEFAULT_RESYNC), MIN_REQUEUE);
+        assert_eq!(requeue_delay(Some(999), DEFAULT_RESYNC), MIN_REQUEUE);
+    }
+
+    #[test]
+    fn a_requeue_above_the_floor_is_kept_and_none_means_the_default() {
+        assert_eq!(
+            requeue_delay(Some(2_500), DEFAULT_RESYNC),
+            Duration::from_millis(2_500)
+        );
+        assert_eq!(requeue_delay(None, DEFAULT_RESYNC), DEFAULT_RESYNC);
+        assert_eq!(
+            requeue_delay(None, Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
     }
 }
