@@ -20,22 +20,29 @@
 //! every field co-owned by an `Update` manager, so a plugin could never again remove a field it
 //! stopped applying. The window is one API round trip, and only opens for a name nobody used
 //! when the host looked.
+//!
+//! **Nothing written twice.** An apply onto a child that is still exactly what the host's own
+//! last apply left, with the same body, is not sent ([`applied`]): a parent at steady state
+//! costs no write.
+
+pub mod applied;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use self::applied::AppliedChildren;
 
 use crate::capability::scope::Grants;
 use crate::contract::{Action, Event, EventType, KindRef, PolicyInfo};
 use crate::metrics::Metrics;
-use crate::observe::{Observed, is_controlled_by};
+use crate::observe::{Observed, OwnedChild, is_controlled_by};
 use crate::pod_inputs;
 
 /// What carrying out a decision wrote that the caller has to remember.
@@ -44,6 +51,10 @@ pub struct Carried {
     /// The parent's status was written and the parent changed: the parent observed is
     /// superseded by the host's own write, and a cache still holding it is behind.
     pub status_written: bool,
+    /// Child applies sent to the API server.
+    pub applies_sent: u32,
+    /// Child applies not sent: the child was as the host's last apply left it.
+    pub applies_skipped: u32,
 }
 
 /// An object a plugin asked to apply, with what identifies it.
@@ -252,6 +263,8 @@ pub struct Executor {
     act_deadline: Duration,
     /// What the admin granted the plugin: the kinds and pod security its writes must keep to.
     grants: Grants,
+    /// The host's last apply of every child, shared by every clone.
+    applied: AppliedChildren,
 }
 
 /// Events one policy's executor publishes per minute at most. kube's Recorder keeps every
@@ -304,6 +317,15 @@ fn fingerprint(text: &str) -> String {
         .collect()
 }
 
+/// A parent as the executor's book of applies knows it: `namespace/name`.
+pub fn parent_key(parent: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        parent.namespace().unwrap_or_default(),
+        parent.name_any()
+    )
+}
+
 /// The kube-rs address of a declared kind.
 pub fn api_resource(kind: &KindRef) -> ApiResource {
     ApiResource {
@@ -332,7 +354,19 @@ impl Executor {
             info: info.clone(),
             act_deadline: ACT_DEADLINE,
             grants: Grants::default(),
+            applied: AppliedChildren::default(),
         }
+    }
+
+    /// Forgets what was applied to the children of `parent` (`namespace/name`): it is
+    /// finalized or gone.
+    pub fn forget_parent(&self, parent: &str) {
+        self.applied.forget_parent(parent);
+    }
+
+    /// How many children's last applies the executor keeps (see [`applied`]).
+    pub fn applied_children(&self) -> usize {
+        self.applied.len()
     }
 
     /// The same executor, naming `plugin_label` in its refusals: the controller outlives hot
@@ -406,7 +440,13 @@ impl Executor {
         let claims = self.claim_applies(parent, observed, &actions).await?;
         for action in actions {
             match action {
-                Action::Apply(json) => self.apply_child(parent, &json, &claims).await?,
+                Action::Apply(json) => {
+                    if self.apply_child(parent, observed, &json, &claims).await? {
+                        carried.applies_sent += 1;
+                    } else {
+                        carried.applies_skipped += 1;
+                    }
+                }
                 Action::Delete(target) => {
                     self.delete_child(parent, observed, &target.kind, &target.name)
                         .await?
@@ -569,14 +609,14 @@ impl Executor {
             if claims.contains_key(&key) {
                 continue;
             }
-            let observed_uid = observed
+            let observed_child = observed
                 .owned
                 .get(&key.0)
                 .and_then(|names| names.get(&key.1));
             let claim = if deleted.contains(&key) {
                 Claim::Recreated
-            } else if let Some(uid) = observed_uid {
-                Claim::Controlled(uid.clone())
+            } else if let Some(child) = observed_child {
+                Claim::Controlled(child.uid.clone())
             } else {
                 match self.live_claim(parent, &kind, &key.1).await? {
                     Ok(claim) => claim,
@@ -641,13 +681,16 @@ impl Executor {
         )))
     }
 
-    /// Server-side applies one child with the parent as its controller.
+    /// Server-side applies one child with the parent as its controller, unless the child is
+    /// still what the host's own last apply of the same body left (see [`applied`]). Returns
+    /// whether the apply was sent.
     async fn apply_child(
         &self,
         parent: &DynamicObject,
+        observed: &Observed,
         json: &str,
         claims: &Claims,
-    ) -> Result<(), ActError> {
+    ) -> Result<bool, ActError> {
         let applied = AppliedObject::parse(json).map_err(|e| self.refused(e))?;
         let kind = self.checked_apply(&applied)?;
         let AppliedObject {
@@ -656,8 +699,9 @@ impl Executor {
             name,
             ..
         } = applied;
+        let kind_key = kind.to_string();
         let claim = claims
-            .get(&(kind.to_string(), name.clone()))
+            .get(&(kind_key.clone(), name.clone()))
             .ok_or_else(|| self.refused(format!("{kind_name} `{name}` was never claimed")))?;
         let namespace = self.namespace(parent)?;
         let owner = parent
@@ -669,22 +713,33 @@ impl Executor {
             .ok_or_else(|| self.refused(format!("{kind_name} `{name}` has no metadata object")))?;
         metadata.insert("namespace".into(), json!(namespace));
         metadata.insert("ownerReferences".into(), json!([owner]));
-        // The uid is a precondition of the apply: an object of that name with another uid
-        // (422, immutable uid) or none at all (409) refuses it.
-        match claim {
-            Claim::Controlled(uid) => {
-                metadata.insert("uid".into(), json!(uid));
-            }
-            Claim::Absent | Claim::Recreated => {
-                metadata.remove("uid");
-            }
-        }
+        metadata.remove("uid");
         let labels = metadata
             .entry("labels")
             .or_insert_with(|| json!({}))
             .as_object_mut()
             .ok_or_else(|| self.refused(format!("{kind_name} `{name}` has non-object labels")))?;
         labels.insert(POLICY_LABEL.into(), json!(self.info.name));
+        // The body without the uid: the uid is compared on its own, and the first apply after
+        // a create (which carries none) then counts as the same body as the next.
+        let body = applied::digest(&object);
+        let parent_key = parent_key(parent);
+        let child_key = (kind_key.as_str(), name.as_str());
+        if let Claim::Controlled(_) = claim
+            && let Some(child) = observed.owned.get(&kind_key).and_then(|c| c.get(&name))
+            && self
+                .applied
+                .unchanged(&parent_key, child_key, child, &body, Instant::now())
+        {
+            return Ok(false);
+        }
+        // The uid is a precondition of the apply: an object of that name with another uid
+        // (422, immutable uid) or none at all (409) refuses it.
+        if let Claim::Controlled(uid) = claim
+            && let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            metadata.insert("uid".into(), json!(uid));
+        }
 
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &api_resource(&kind));
@@ -697,7 +752,15 @@ impl Executor {
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                let written = OwnedChild {
+                    uid: written.uid().unwrap_or_default(),
+                    resource_version: written.resource_version().unwrap_or_default(),
+                };
+                self.applied
+                    .applied(&parent_key, child_key, written, body, Instant::now());
+                Ok(true)
+            }
             Err(source) if matches!(claim, Claim::Controlled(_)) && is_stale(&source) => {
                 Err(ActError::StaleView {
                     why: format!(
@@ -727,7 +790,7 @@ impl Executor {
                     "it deleted {kind} `{name}`, a kind it did not declare as a child"
                 ))
             })?;
-        let Some(uid) = observed
+        let Some(OwnedChild { uid, .. }) = observed
             .owned
             .get(&declared.to_string())
             .and_then(|names| names.get(name))
@@ -747,6 +810,8 @@ impl Executor {
             }),
             ..DeleteParams::background()
         };
+        self.applied
+            .forget_child(&parent_key(parent), (&declared.to_string(), name));
         match api.delete(name, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),

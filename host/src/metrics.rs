@@ -35,6 +35,12 @@ struct ShadowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApplyLabels {
+    policy: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LoadLabels {
     source: String,
     outcome: String,
@@ -87,6 +93,7 @@ pub struct Metrics {
     cache_bytes: Family<CacheLabels, Gauge>,
     cache_ignored: Family<CacheLabels, Counter>,
     bounds_reached: Family<BoundLabels, Counter>,
+    child_applies: Family<ApplyLabels, Counter>,
     /// The `reason` values seen per policy, to bound the series.
     reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// The `outcome` values seen per load source, to bound the series and remove them.
@@ -184,6 +191,12 @@ impl Metrics {
             "Times a bound on what outside input can grow was reached and something was refused or folded, per bound (ARCHITECTURE.md, \"Bounds\")",
             bounds_reached.clone(),
         );
+        let child_applies = Family::<ApplyLabels, Counter>::default();
+        registry.register(
+            "child_applies",
+            "Child applies decided, per policy and outcome: sent to the API server, or skipped because the child was still what the host's last apply of the same body left (same uid and resourceVersion)",
+            child_applies.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             cache_objects,
@@ -191,6 +204,7 @@ impl Metrics {
             cache_ignored,
             bounds_reached,
             load_sources: Arc::new(Mutex::new(HashMap::new())),
+            child_applies,
             controller_restarts,
             reconciles_deferred,
             reconciles_abandoned,
@@ -230,6 +244,21 @@ impl Metrics {
                 policy: policy.into(),
             })
             .inc();
+    }
+
+    /// Counts the child applies of one decision: `sent` to the API server, `skipped` as
+    /// unchanged.
+    pub fn child_applies(&self, policy: &str, sent: u32, skipped: u32) {
+        for (outcome, count) in [("sent", sent), ("skipped", skipped)] {
+            if count > 0 {
+                self.child_applies
+                    .get_or_create(&ApplyLabels {
+                        policy: policy.into(),
+                        outcome,
+                    })
+                    .inc_by(u64::from(count));
+            }
+        }
     }
 
     /// Counts a failed reconcile. At most [`MAX_REASONS_PER_POLICY`] reasons get their own
@@ -473,7 +502,12 @@ mod tests {
         metrics.decision_took("etcd", Duration::from_micros(50));
         metrics.plugin_load("configmap ops/etcd", "PluginChecksumMismatch");
         metrics.controller_running("etcd", true);
+        metrics.child_applies("etcd", 1, 2);
         let text = metrics.render();
+        assert!(
+            text.contains("policy_host_child_applies_total{policy=\"etcd\",outcome=\"skipped\"} 2"),
+            "{text}"
+        );
         assert!(
             text.contains("policy_host_plugin_loads_total{source=\"configmap ops/etcd\",outcome=\"PluginChecksumMismatch\"} 1"),
             "{text}"

@@ -34,9 +34,19 @@ pub struct Observed {
     pub observation: Observation,
     /// Pods the parent controls, by name, for app-calls.
     pub pods: HashMap<String, PodEndpoint>,
-    /// The children the parent controls, per kind (`plural.apiVersion`): uid by name. Deletes
+    /// The children the parent controls, per kind (`plural.apiVersion`), by name. Deletes
     /// and applies carry the uid, so they act on the object observed and no other.
-    pub owned: HashMap<String, HashMap<String, String>>,
+    pub owned: HashMap<String, HashMap<String, OwnedChild>>,
+}
+
+/// A child the parent controls, as observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedChild {
+    /// Its uid: the precondition of every write to it.
+    pub uid: String,
+    /// Its resourceVersion: an apply is skipped only while this is what the host's own last
+    /// apply left (see `act::applied`).
+    pub resource_version: String,
 }
 
 /// Builds the observation of `parent` from the child caches.
@@ -46,7 +56,7 @@ pub fn observe(
 ) -> Result<Observed, serde_json::Error> {
     let mut children = Vec::new();
     let mut pods = HashMap::new();
-    let mut owned: HashMap<String, HashMap<String, String>> = HashMap::new();
+    let mut owned: HashMap<String, HashMap<String, OwnedChild>> = HashMap::new();
     for cache in caches {
         // Ordered by name: the same world gives the plugin the same observation.
         for object in cache.controlled_by(parent) {
@@ -54,10 +64,13 @@ pub fn observe(
             if cache.kind.group.is_empty() && cache.kind.kind == "Pod" {
                 pods.insert(object.name_any(), pod_endpoint(&object));
             }
-            owned
-                .entry(cache.kind.to_string())
-                .or_default()
-                .insert(object.name_any(), object.uid().unwrap_or_default());
+            owned.entry(cache.kind.to_string()).or_default().insert(
+                object.name_any(),
+                OwnedChild {
+                    uid: object.uid().unwrap_or_default(),
+                    resource_version: object.resource_version().unwrap_or_default(),
+                },
+            );
             children.push(Child {
                 kind: cache.kind.clone(),
                 object: json,
@@ -354,7 +367,7 @@ mod tests {
         let owned_pods = &observed.owned["pods.v1"];
         assert_eq!(owned_pods.len(), 1, "{owned_pods:?}");
         assert_eq!(
-            owned_pods.get("db-0").map(String::as_str),
+            owned_pods.get("db-0").map(|child| child.uid.as_str()),
             Some("uid-team-a-db-0"),
             "the observed uid goes with the name"
         );

@@ -23,14 +23,20 @@
 //! at a time, one every `LATENCY_BENCH_PACE_MS` from the start of sampling. At the end it
 //! also counts the parents whose last reconcile is older than two requeue intervals: a
 //! controller behind its requeues starves some parents (BENCHMARKS.md, "From a change to its
-//! reconcile").
+//! reconcile"). During sampling it also takes, per parent, the time between one reconcile's
+//! start and the next (a parent reconciled every interval shows gaps of about one interval),
+//! and counts the host's API writes (every request but a GET, on the host's own client): at
+//! steady state a parent should cost none (issue 28).
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench reconcile_latency`.
 //! `LATENCY_BENCH_PARENTS` (a comma-separated list of steps, default `10000`; each step in a
 //! fresh namespace with a fresh host), `LATENCY_BENCH_SAMPLES` (300), `LATENCY_BENCH_PACE_MS`
 //! (250), `LATENCY_BENCH_REQUEUE_MS` (30000), `LATENCY_BENCH_APPLIES` (0),
 //! `LATENCY_BENCH_CONCURRENCY` (8), `LATENCY_BENCH_WAIT_S` (120: a change not reconciled by
-//! then counts as missed, and as that long in the percentiles).
+//! then counts as missed, and as that long in the percentiles), `LATENCY_BENCH_SLEEP_MS` (0: each
+//! decision also sleeps this long in the plugin, without a CPU; the way to ask for more
+//! reconciles than the host can make, e.g. 48 ms at 10,000 parents, 8 in flight and 30 s is
+//! twice what it can).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +84,8 @@ struct Starts {
     /// When each parent (`namespace/name`) last started a reconcile: a parent the controller
     /// starves shows here.
     last: Mutex<HashMap<String, Instant>>,
+    /// While sampling: every time between two reconcile starts of one parent.
+    gaps: Mutex<Option<Vec<Duration>>>,
 }
 
 impl Starts {
@@ -100,10 +108,17 @@ impl Starts {
     /// `parent` at `version` was reconciled (`reconciled`) or seen by the watch, at `at`.
     fn report(&self, parent: &str, version: u64, reconciled: bool, at: Instant) {
         if reconciled {
-            self.last
+            let before = self
+                .last
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(parent.to_owned(), at);
+            if let (Some(before), Some(gaps)) = (
+                before,
+                self.gaps.lock().unwrap_or_else(|p| p.into_inner()).as_mut(),
+            ) {
+                gaps.push(at - before);
+            }
         }
         let mut awaited = self.awaited.lock().unwrap_or_else(|p| p.into_inner());
         let Some(waiting) = awaited.as_mut() else {
@@ -230,6 +245,8 @@ struct Step {
     requeue: Duration,
     applies: u64,
     concurrency: u16,
+    /// How long each decision sleeps in the plugin.
+    sleep: Duration,
     /// How long a change may wait for its reconcile before it counts as missed.
     wait: Duration,
 }
@@ -256,9 +273,11 @@ async fn bench() -> Result<()> {
     policy_host_e2e::install_crd_object(&client, policy_host_e2e::probe_crd()?).await?;
     let wasm = policy_host_test_plugins::build("misbehaving-policy").map_err(|e| anyhow!("{e}"))?;
     println!(
-        "| parents | requeue s | applies per decision | concurrency | background reconciles/s (expected) | samples | not started within the wait | ack → reconcile started ms p50 / p90 / p99 / max | sent → started p99 ms | watch delivery ms p50 / p99 | queue wait ms p50 / p90 / p99 / max | started before ack | parents not reconciled for 2 requeue intervals at the end | host CPU per reconcile µs | load avg (1 5 15 min) | setup s |"
+        "| parents | requeue s | applies per decision | sleep per decision ms | concurrency | background reconciles/s (expected) | samples | not started within the wait | ack → reconcile started ms p50 / p90 / p99 / max | sent → started p99 ms | watch delivery ms p50 / p99 | queue wait ms p50 / p90 / p99 / max | started before ack | parents not reconciled for 2 requeue intervals at the end | one parent's reconcile to its next, s p50 / p99 / max | host API writes per parent per requeue interval | host CPU per reconcile µs | load avg (1 5 15 min) | setup s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|---|---:|");
+    println!(
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|---:|---|---:|---:|---|---:|"
+    );
     for parents in steps {
         let step = Step {
             parents,
@@ -267,6 +286,7 @@ async fn bench() -> Result<()> {
             requeue: Duration::from_millis(env_or("LATENCY_BENCH_REQUEUE_MS", 30_000)),
             applies: env_or("LATENCY_BENCH_APPLIES", 0),
             concurrency: env_or("LATENCY_BENCH_CONCURRENCY", 8),
+            sleep: Duration::from_millis(env_or("LATENCY_BENCH_SLEEP_MS", 0)),
             wait: Duration::from_secs(env_or("LATENCY_BENCH_WAIT_S", 120)),
         };
         let namespace = env.create_namespace("latency-bench").await?;
@@ -296,6 +316,7 @@ async fn measure(
                     "behaviour": "steady",
                     "requeueMs": step.requeue.as_millis() as u64,
                     "applies": step.applies,
+                    "sleepMs": step.sleep.as_millis() as u64,
                 },
             }))?;
             api.create(&PostParams::default(), &probe).await?;
@@ -339,8 +360,9 @@ async fn measure(
 
     let counted_before = starts.count.load(Ordering::Relaxed);
     let settings = HostUnderTest::settings(namespace, Limits::default())?;
-    let host = HostUnderTest::start_with(
-        env,
+    let writes = Arc::new(AtomicU64::new(0));
+    let host = HostUnderTest::start_with_client(
+        policy_host_e2e::client_counting_writes(env, "/", writes.clone()).await?,
         Settings {
             policy_files: vec![wasm.to_path_buf()],
             controller: ControllerOptions {
@@ -362,6 +384,33 @@ async fn measure(
         },
     )
     .await?;
+    // With applies, the first pass ends when every child exists: reconciles started count
+    // those the children's own creation triggers too, and a parent's first decision may come
+    // after them.
+    let children: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+    );
+    let expected = step.parents as u64 * step.applies;
+    policy_host_testenv::wait_for(
+        &format!("{expected} children of the first pass"),
+        Duration::from_secs(1800),
+        || async {
+            // A label selector leaves `remainingItemCount` unset: count the namespace's
+            // ConfigMaps, less the root CA one the control plane may publish there.
+            let listed = children
+                .list(&kube::api::ListParams::default().limit(1))
+                .await
+                .ok()?;
+            let root_ca = children.get_opt("kube-root-ca.crt").await.ok()?.is_some();
+            let count = (listed.items.len() as u64
+                + listed.metadata.remaining_item_count.unwrap_or(0) as u64)
+                .saturating_sub(u64::from(root_ca));
+            (count >= expected).then_some(())
+        },
+    )
+    .await?;
     let setup = setup_started.elapsed();
     eprintln!(
         "[latency] first pass done after {:.1} s; letting one requeue interval ({:?}) go by",
@@ -372,9 +421,11 @@ async fn measure(
     // requeued at least once before the first change.
     tokio::time::sleep(step.requeue).await;
 
-    let (count_started, cpu_started, window_started) = (
+    *starts.gaps.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+    let (count_started, cpu_started, writes_started, window_started) = (
         starts.count.load(Ordering::Relaxed),
         policy_host_e2e::process_cpu_time(),
+        writes.load(Ordering::Relaxed),
         Instant::now(),
     );
     let (mut from_ack, mut from_sent, mut delivery, mut queued) =
@@ -428,6 +479,14 @@ async fn measure(
     }
     let window = window_started.elapsed();
     let reconciles = starts.count.load(Ordering::Relaxed) - count_started;
+    let written = writes.load(Ordering::Relaxed) - writes_started;
+    let mut gaps = starts
+        .gaps
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .unwrap_or_default();
+    gaps.sort();
     let cpu = policy_host_e2e::process_cpu_time() - cpu_started;
     let load = loadavg();
     // Parents whose last reconcile is older than two requeue intervals: starved by the queue.
@@ -450,10 +509,11 @@ async fn measure(
     let mut delivery_sorted = delivery.clone();
     delivery_sorted.sort();
     println!(
-        "| {} | {} | {} | {} | {:.0} ({:.0}) | {} | {missed} | {} | {:.1} | {:.1} / {:.1} | {} | {} | {idle} | {:.0} | {load} | {:.0} |",
+        "| {} | {} | {} | {} | {} | {:.0} ({:.0}) | {} | {missed} | {} | {:.1} | {:.1} / {:.1} | {} | {} | {idle} | {:.1} / {:.1} / {:.1} | {:.3} | {:.0} | {load} | {:.0} |",
         step.parents,
         step.requeue.as_secs_f64(),
         step.applies,
+        step.sleep.as_millis(),
         step.concurrency,
         reconciles as f64 / window.as_secs_f64(),
         step.parents as f64 / step.requeue.as_secs_f64(),
@@ -464,6 +524,10 @@ async fn measure(
         ms(percentile(&delivery_sorted, 99)),
         spread(queued.clone()),
         before_ack,
+        percentile(&gaps, 50).as_secs_f64(),
+        percentile(&gaps, 99).as_secs_f64(),
+        gaps.last().copied().unwrap_or_default().as_secs_f64(),
+        written as f64 / step.parents as f64 / (window.as_secs_f64() / step.requeue.as_secs_f64()),
         cpu.as_secs_f64() * 1e6 / reconciles.max(1) as f64,
         setup.as_secs_f64(),
     );

@@ -10,6 +10,8 @@ pub mod plugins;
 pub mod writes;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -194,6 +196,56 @@ impl Drop for HostUnderTest {
         }
         self.task.abort();
     }
+}
+
+/// A layer of a host under test's client that counts the writes (every request but a GET) to
+/// paths containing `resource`: what the host sends, whatever it believes it sent.
+#[derive(Clone)]
+pub struct CountingWrites<S> {
+    inner: S,
+    resource: &'static str,
+    writes: Arc<AtomicU64>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for CountingWrites<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.method() != http::Method::GET && request.uri().path().contains(self.resource) {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// A client of `env`'s API server that counts its writes to `resource` (e.g. `/configmaps`)
+/// into `writes`: give it to [`HostUnderTest::start_with_client`].
+pub async fn client_counting_writes(
+    env: &TestEnv,
+    resource: &'static str,
+    writes: Arc<AtomicU64>,
+) -> anyhow::Result<Client> {
+    Ok(
+        kube::client::ClientBuilder::try_from(env.kube_config().await?)?
+            .with_layer(&tower::layer::layer_fn(move |inner| CountingWrites {
+                inner,
+                resource,
+                writes: writes.clone(),
+            }))
+            .build(),
+    )
 }
 
 /// Installs a tracing subscriber once for the test process (`RUST_LOG` controls it).

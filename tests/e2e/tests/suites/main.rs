@@ -38,3 +38,4 @@ mod plugin_trust;
 mod real_node;
 mod redis_replication;
 mod sharding;
+mod steady_state;

@@ -3,7 +3,10 @@
 //! parent whose label moves it is left by the old shard and taken by the new one; and when a
 //! shard's leader dies, that shard's standby takes over within the lease duration while the
 //! other shard goes on. Real kube-apiserver, real Leases (one per shard), the misbehaving test
-//! plugin in its `ok` behaviour (applies `<parent>-out`, sets status, on every reconcile).
+//! plugin in its `ok` behaviour (applies `<parent>-out`, sets status, on every reconcile). A
+//! decision the host already carried out sends nothing (an unchanged apply is skipped, an
+//! unchanged status not written), so each change below bumps the spec's generation, which the
+//! plugin records in status: a reconcile of a change always writes.
 //!
 //! Which host wrote for which parent is read from each host's own API requests
 //! ([`policy_host_e2e::writes`]): a write for a parent is one to the parent itself (its

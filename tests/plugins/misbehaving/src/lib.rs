@@ -2,7 +2,9 @@
 //! of misbehaviour within its limits. The parent's `spec.behaviour` picks what it does:
 //!
 //! - `ok` (default): applies a ConfigMap `<parent>-out` and sets `status.observedChildren`
-//!   (and `status.firstObservedChildren`, kept from the first observation after status is cleared);
+//!   (and `status.firstObservedChildren`, kept from the first observation after status is cleared)
+//!   and `status.observedGeneration`, so every change of spec is decided with a write even
+//!   when the host skips the unchanged apply of `<parent>-out` (its `now` has a one-second grain);
 //! - `loop`: spins forever (deadline);
 //! - `memory`: allocates until it is stopped (memory cap);
 //! - `output`: returns a decision of `spec.outputBytes` bytes (output cap);
@@ -22,7 +24,10 @@
 //! - `steady`: a parent at steady state: re-applies `spec.applies` unchanged ConfigMaps
 //!   `<parent>-steady-<n>` (default none; guest-etcd's steady decision re-applies three
 //!   objects), writes no status and requeues after `spec.requeueMs` (default 30,000, guest-etcd's
-//!   steady requeue): the background of the reconcile latency bench.
+//!   steady requeue): the background of the reconcile latency bench. `spec.sleepMs` makes the
+//!   decision take that long without using a CPU (a slow decision: overload with few cores), and
+//!   `spec.recordEvent: true` records an Event `Decided` per decision, whose note names
+//!   `spec.change` and the observation's time (a test counts decisions per parent).
 //! - `credential`: reads the credential `spec.key` (default `token`) of the Secret
 //!   `spec.secret` (default `<parent>-auth`) and writes `status.credential` (`read <n> bytes`,
 //!   or the error); with `spec.leak` = `status`, `event` or `log` it also puts the value
@@ -273,7 +278,10 @@ mod plugin {
                 }
                 "steady" => {
                     let applies = parent["spec"]["applies"].as_u64().unwrap_or(0);
-                    let actions = (0..applies)
+                    if let Some(sleep) = parent["spec"]["sleepMs"].as_u64().filter(|ms| *ms > 0) {
+                        std::thread::sleep(std::time::Duration::from_millis(sleep));
+                    }
+                    let mut actions: Vec<Action> = (0..applies)
                         .map(|n| {
                             Action::Apply(
                                 json!({
@@ -286,6 +294,18 @@ mod plugin {
                             )
                         })
                         .collect();
+                    if parent["spec"]["recordEvent"].as_bool() == Some(true) {
+                        actions.push(Action::RecordEvent(Event {
+                            event_type: EventType::Normal,
+                            reason: "Decided".into(),
+                            message: format!(
+                                "{name} decided: change={} at {}.{:09}",
+                                parent["spec"]["change"],
+                                observation.now.seconds,
+                                observation.now.nanoseconds
+                            ),
+                        }));
+                    }
                     Ok(Decision {
                         actions,
                         requeue_after_ms: Some(
@@ -309,6 +329,7 @@ mod plugin {
                     let status = json!({
                         "observedChildren": observation.children.len(),
                         "firstObservedChildren": first,
+                        "observedGeneration": parent["metadata"]["generation"].as_u64().unwrap_or(0),
                         "pluginVersion": VERSION,
                     });
                     Ok(Decision {
