@@ -525,7 +525,7 @@ mod tests {
             "ns/db".into(),
             HashMap::new(),
             grants,
-            reqwest::Client::new(),
+            crate::capability::http::http_client().expect("an HTTP client"),
         )
         .with_credentials(CredentialSource::Live(Box::new(LiveCredentials {
             client,
