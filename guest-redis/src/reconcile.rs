@@ -206,6 +206,11 @@ pub fn decide(facts: &Facts) -> Plan {
     }
     for ordinal in 0..wanted {
         let name = children::pod_name(&facts.name, ordinal);
+        // Not under the name of a primary still streaming: the fresh, empty server would pass
+        // for it and its replicas would copy the emptiness (fault campaign, redis seeds 13, 14).
+        if lost_primary_streaming && primary.as_deref() == Some(name.as_str()) {
+            continue;
+        }
         if server(&name).is_none() {
             let is_primary = primary.as_deref() == Some(name.as_str());
             actions.push(Action::Apply(children::server_pod(
@@ -606,6 +611,27 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    /// Fault campaign, redis seeds 13 and 14: while the lost primary still streamed, its Pod
+    /// was created again under its name, with the primary label; the fresh, empty server then
+    /// passed for the primary and every replica copied its emptiness.
+    #[test]
+    fn a_lost_primary_still_streaming_is_not_recreated_under_its_name() {
+        let plan = decide(&facts(
+            Some("r-0"),
+            3,
+            vec![replica(1, 0, 100), orphan(2, 0, 90)],
+        ));
+        let created: Vec<&str> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Apply(o) if o["kind"] == "Pod" => o["metadata"]["name"].as_str(),
+                _ => None,
+            })
+            .collect();
+        assert!(!created.contains(&"r-0"), "{created:?}");
     }
 
     #[test]

@@ -24,13 +24,18 @@
 //! (SIGKILL through containerd, or its pod deleted with grace 0), the etcd leader killed the
 //! same ways, the leading host's container SIGKILLed through containerd, a member's network
 //! cut and healed, a scale 3 <-> 5, the rolling upgrade to the newer etcd, a plugin hot swap
-//! (the plugin ConfigMap's limits changed, so the host compiles and swaps the plugin in).
+//! (the plugin ConfigMap's limits changed, so the host compiles and swaps the plugin in). No
+//! second member's pod and data is destroyed within [`DATA_LOSS_SPACING`] of another: a
+//! majority's data lost is beyond any operator without a backup.
+//!
+//! `--app redis` runs the same campaign against a RedisReplication instead (`redis`, in
+//! `fault_campaign/redis.rs`: its faults, client and checks).
 //!
 //! Run (dev profile: the release one would be a cold build of its own):
 //! `env -u RUST_BACKTRACE cargo bench --profile dev -p policy-host-e2e --bench fault_campaign -- --runs 10 --seed 1`.
 //! Run `i` uses seed `S + i`; `--seed S --runs 1` repeats one. Failed runs leave their
 //! evidence (status, Events, pod logs, the client's report and the porcupine visualization)
-//! in `$TMPDIR/fault-campaign/seed-<seed>/`. BENCHMARKS.md records the campaigns run.
+//! in `$TMPDIR/fault-campaign/seed-<seed>/` (`redis-seed-<seed>/` for the Redis mode). BENCHMARKS.md records the campaigns run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
