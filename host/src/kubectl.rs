@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
-use kube::discovery::{ApiResource, Discovery, Scope};
+use kube::discovery::{ApiResource, Discovery};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -38,7 +38,7 @@ pub enum KubectlError {
     Target(String),
     /// No resource of the API server has that name.
     #[error(
-        "the API server serves no kind `{0}`; name it by kind, plural or short name (`kubectl api-resources` lists them)"
+        "the API server serves no kind `{0}`; name it by kind, plural or plural.group (`kubectl api-resources` lists them)"
     )]
     UnknownKind(String),
     /// The kind's schema has no field for what was asked.
@@ -71,7 +71,7 @@ pub enum KubectlError {
 /// A parent named on the command line.
 #[derive(Clone, Debug)]
 pub struct Target {
-    /// Kind, plural or short name, as typed.
+    /// Kind, plural or `plural.group`, as typed.
     pub kind: String,
     /// The object's name.
     pub name: String,
@@ -95,30 +95,22 @@ impl Target {
     }
 }
 
-/// The resource the API server serves under `kind` (kind, plural, singular or short name,
-/// any case); custom resources first when a name is ambiguous.
+/// The resource the API server serves under `kind` (its kind, plural or `plural.group`, any
+/// case); custom resources first when a name is ambiguous.
 pub async fn resolve(client: &Client, kind: &str) -> Result<ApiResource, KubectlError> {
     let wanted = kind.to_ascii_lowercase();
     let discovery = Discovery::new(client.clone()).run().await?;
-    let mut found = Vec::new();
-    for group in discovery.groups() {
-        for (resource, capabilities) in group.recommended_resources() {
-            let singular = resource.kind.to_ascii_lowercase();
-            if resource.plural == wanted
-                || singular == wanted
+    discovery
+        .groups()
+        .flat_map(|group| group.recommended_resources())
+        .map(|(resource, _)| resource)
+        .filter(|resource| {
+            resource.plural == wanted
+                || resource.kind.to_ascii_lowercase() == wanted
                 || format!("{}.{}", resource.plural, resource.group) == wanted
-            {
-                let namespaced = capabilities.scope == Scope::Namespaced;
-                found.push((resource.group.is_empty(), namespaced, resource));
-            }
-        }
-    }
-    // A custom resource wins over a core kind of the same name.
-    found.sort_by_key(|(core, _, _)| *core);
-    found
-        .into_iter()
-        .map(|(_, _, resource)| resource)
-        .next()
+        })
+        // A custom resource wins over a core kind of the same name.
+        .min_by_key(|resource| resource.group.is_empty())
         .ok_or_else(|| KubectlError::UnknownKind(kind.to_owned()))
 }
 
