@@ -107,13 +107,51 @@ rpl_semi_sync_master_timeout = 4294967295
 skip_name_resolve = ON
 ";
 
-/// The ConfigMap holding [`SERVER_CONFIG`], mounted into every server's `conf.d`.
-pub fn server_config(parent: &str) -> Value {
+/// The annotation on a server Pod naming the configuration it started with
+/// ([`config_revision`]): a Pod whose revision is not the spec's is restarted by the rolling
+/// update.
+pub const CONFIG_REVISION_ANNOTATION: &str = "mariadb.policy-host.io/config-revision";
+
+/// What every server reads: [`SERVER_CONFIG`], then `spec.config`'s options (validated by
+/// [`MariaDBClusterSpec::invalid`]), in key order.
+pub fn config_text(spec: &MariaDBClusterSpec) -> String {
+    let mut text = SERVER_CONFIG.to_owned();
+    for (key, value) in &spec.config {
+        text.push_str(key);
+        if !value.is_empty() {
+            text.push_str(" = ");
+            text.push_str(value);
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// A short digest of [`config_text`] (FNV-1a, 64 bits, hex): equal texts, equal revisions, on
+/// every architecture and in every run, so a decision stays a function of the observation.
+pub fn config_revision(spec: &MariaDBClusterSpec) -> String {
+    let digest = config_text(spec)
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{digest:016x}")
+}
+
+/// The revision of the plugin's own configuration, without options of the spec's.
+pub fn base_config_revision() -> String {
+    config_revision(&MariaDBClusterSpec::default())
+}
+
+/// The ConfigMap holding [`config_text`], mounted into every server's `conf.d`. A server reads
+/// it when it starts: one restarted for another reason before the rolling update reaches it
+/// starts with the new options early.
+pub fn server_config(parent: &str, spec: &MariaDBClusterSpec) -> Value {
     child_object(
         &config_map_kind(),
         &config_name(parent),
         &[(INSTANCE_LABEL, parent)],
-        json!({ "data": { "policy-host.cnf": SERVER_CONFIG } }),
+        json!({ "data": { "policy-host.cnf": config_text(spec) } }),
     )
 }
 
@@ -139,12 +177,13 @@ impl Role {
     }
 }
 
-/// A server Pod: `image` is the one it was created with (an image change is a rolling
-/// restart, not done by this plugin yet), the role label is the only field that moves.
+/// A server Pod: `image` and `config_revision` are the ones it was created with (a change of
+/// either is a restart, by the rolling update), the role label is the only field that moves.
 pub fn server_pod(
     parent: &str,
     pod: &str,
     image: &str,
+    config_revision: &str,
     role: Role,
     spec: &MariaDBClusterSpec,
 ) -> Value {
@@ -177,6 +216,7 @@ pub fn server_pod(
     let mut built = Pod::new(pod)
         .label(INSTANCE_LABEL, parent)
         .label(ROLE_LABEL, role.label())
+        .annotation(CONFIG_REVISION_ANNOTATION, config_revision)
         .stable_dns(&headless_name(parent))
         .claim_volume("data", &claim_name(pod))
         .container(container)
@@ -230,7 +270,7 @@ mod tests {
     #[test]
     fn a_server_pod_gets_its_identity_its_claim_its_config_and_the_passwords_by_reference() {
         let spec = MariaDBClusterSpec::default();
-        let pod = server_pod("db", "db-2", "mariadb:10.11", Role::Replica, &spec);
+        let pod = server_pod("db", "db-2", "mariadb:10.11", "r1", Role::Replica, &spec);
         let container = &pod["spec"]["containers"][0];
         assert_eq!(
             container["args"],
@@ -251,6 +291,32 @@ mod tests {
         );
         let volumes = pod["spec"]["volumes"].to_string();
         assert!(volumes.contains("data-db-2") && volumes.contains("db-config"));
+        assert_eq!(
+            pod["metadata"]["annotations"][CONFIG_REVISION_ANNOTATION],
+            "r1"
+        );
+    }
+
+    #[test]
+    fn own_options_follow_the_plugins_and_change_the_revision() {
+        let plain = MariaDBClusterSpec::default();
+        let tuned = MariaDBClusterSpec {
+            config: [
+                ("max_connections".to_owned(), "500".to_owned()),
+                ("skip_name_resolve".to_owned(), String::new()),
+            ]
+            .into(),
+            ..MariaDBClusterSpec::default()
+        };
+        let text = config_text(&tuned);
+        assert!(text.starts_with(SERVER_CONFIG), "{text}");
+        assert!(
+            text.ends_with("max_connections = 500\nskip_name_resolve\n"),
+            "{text}"
+        );
+        assert_eq!(config_revision(&plain), config_revision(&plain.clone()));
+        assert_ne!(config_revision(&plain), config_revision(&tuned));
+        assert_eq!(config_revision(&plain).len(), 16);
     }
 
     #[test]

@@ -172,6 +172,11 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
         servers.push(Server {
             name: pod.name.clone(),
             image: pod.image("mariadb").unwrap_or_default().to_owned(),
+            // A Pod made before revisions were recorded started with the plugin's own
+            // configuration alone: not a change, so a plugin upgrade restarts nothing.
+            config_revision: pod
+                .annotation(children::CONFIG_REVISION_ANNOTATION)
+                .map_or_else(children::base_config_revision, str::to_owned),
             pod: state,
             probe,
         });

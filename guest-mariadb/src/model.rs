@@ -497,6 +497,8 @@ mod tests {
         /// Pods whose server stays down (their Pod Pending) until released.
         held_down: BTreeSet<String>,
         events: Vec<String>,
+        /// Pods the plugin deleted, in order.
+        deleted: Vec<String>,
     }
 
     impl Run {
@@ -514,6 +516,7 @@ mod tests {
                 .build(),
                 held_down: BTreeSet::new(),
                 events: Vec::new(),
+                deleted: Vec::new(),
             }
         }
 
@@ -532,6 +535,15 @@ mod tests {
                     .retain(|a| !matches!(a, Action::SetStatus(_)));
             }
             let acted = self.harness.act(&self.observed, &carried);
+            // A deleted Pod's server stops; its data stays on its claim.
+            for action in &carried.actions {
+                if let Action::Delete { kind, name } = action
+                    && kind.kind == "Pod"
+                {
+                    self.cluster.kill(name);
+                    self.deleted.push(name.clone());
+                }
+            }
             self.observed = self.pods_as_the_node_runs_them(acted);
             decision
         }
@@ -764,6 +776,69 @@ mod tests {
             "{:?}",
             run.events
         );
+    }
+
+    fn image(run: &Run, pod: &str) -> String {
+        run.observed
+            .children
+            .iter()
+            .find(|c| c.kind.kind == "Pod" && c.name().as_deref() == Some(pod))
+            .and_then(|c| serde_json::from_str::<Value>(&c.object).ok())
+            .and_then(|p| {
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_rolling_update_restarts_each_server_once_the_primary_last_and_keeps_every_acknowledged_write()
+     {
+        let mut run = converged(2);
+        let mut acknowledged: Vec<Transaction> = (0..3)
+            .map(|_| run.cluster.write("db-0").expect("acknowledged"))
+            .collect();
+        let mut parent: Value = serde_json::from_str(&run.observed.parent).expect("JSON");
+        parent["spec"]["version"] = json!("10.11.9");
+        parent["metadata"]["generation"] = json!(2);
+        run.observed.parent = parent.to_string();
+        let pods = ["db-0", "db-1", "db-2"];
+        for _ in 0..40 {
+            run.step();
+            // A client writes on through the update, to whichever server takes writes.
+            if let Some(writer) = run.cluster.writable().first().cloned()
+                && let Some(t) = run.cluster.write(&writer)
+            {
+                acknowledged.push(t);
+            }
+            let done = pods.iter().all(|p| image(&run, p) == "mariadb:10.11.9")
+                && run.status()["readyReplicas"] == 2
+                && run.status()["phase"] == "Healthy";
+            if done {
+                break;
+            }
+        }
+        for pod in pods {
+            assert_eq!(image(&run, pod), "mariadb:10.11.9", "{pod} not updated");
+        }
+        assert_eq!(
+            run.deleted,
+            ["db-1", "db-2", "db-0"],
+            "each server restarted once, the replicas first, the primary last"
+        );
+        assert_eq!(run.status()["currentPrimary"], "db-1", "{}", run.status());
+        assert_eq!(run.cluster.writable(), ["db-1"]);
+        assert_eq!(run.promotions(), 2, "one election, one switchover");
+        run.steps(2);
+        for pod in pods {
+            let executed = run.cluster.executed(pod);
+            for t in &acknowledged {
+                assert!(executed.contains(t), "{pod} lacks acknowledged {t:?}");
+            }
+        }
+        assert!(acknowledged.len() > 6, "writes went on during the update");
+        assert!(run.events.iter().any(|e| e == "RollingUpdate"));
     }
 
     #[test]

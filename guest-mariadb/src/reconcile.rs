@@ -30,6 +30,11 @@
 //!   promoted; the old primary rejoins as a replica on the next decision.
 //! - **Scale**: the primary and the lowest other ordinals, `spec.replicas` of them; the other
 //!   Pods are deleted (their claims stay), only when no failover is under way.
+//! - **Rolling update** of the version, image or `spec.config`: while every server is in line,
+//!   one server's Pod is deleted and created again on its claim with the new image and
+//!   configuration, the replicas first (lowest ordinal first), then the primary after a
+//!   switchover to an updated replica (MOCO's order), so the primary restarts last and only
+//!   once, as a replica. A lone primary restarts in place.
 
 use policy_host_sdk::conditions::{Condition, already_set, set_condition};
 use policy_host_sdk::prelude::*;
@@ -70,6 +75,9 @@ pub struct Server {
     pub name: String,
     /// The image the Pod was created with.
     pub image: String,
+    /// The configuration revision the Pod was created with
+    /// ([`children::CONFIG_REVISION_ANNOTATION`]).
+    pub config_revision: String,
     /// The Pod's state.
     pub pod: PodState,
     /// Its answer, or why there is none.
@@ -192,6 +200,9 @@ struct Verdict {
     requeue_ms: u64,
     /// Pods may be deleted (scale-down, ended ones): not during a failover.
     may_delete: bool,
+    /// The server whose Pod the rolling update deletes now (its claim stays; the Pod comes
+    /// back with the spec's image and configuration).
+    restart: Option<String>,
 }
 
 impl Verdict {
@@ -203,6 +214,7 @@ impl Verdict {
             progressing: None,
             requeue_ms: REQUEUE_STEADY_MS,
             may_delete: true,
+            restart: None,
         }
     }
 }
@@ -242,6 +254,7 @@ pub fn decide(facts: &Facts) -> Plan {
             progressing: None,
             requeue_ms: REQUEUE_STEADY_MS,
             may_delete: false,
+            restart: None,
         },
         None => match status.current_primary.clone() {
             None => elect(facts, &mut commands, &mut events),
@@ -518,6 +531,7 @@ fn split_brain(primary: Option<String>, writable: &[&Server]) -> Verdict {
         progressing: None,
         requeue_ms: REQUEUE_BUSY_MS,
         may_delete: false,
+        restart: None,
     }
 }
 
@@ -545,6 +559,7 @@ fn diverged(primary: Option<String>, servers: &[&Server]) -> Verdict {
         progressing: None,
         requeue_ms: REQUEUE_BUSY_MS,
         may_delete: false,
+        restart: None,
     }
 }
 
@@ -635,12 +650,153 @@ fn follow_primary(
             progressing: None,
             requeue_ms: REQUEUE_FAILOVER_MS,
             may_delete: false,
+            restart: None,
         };
     };
     if let Some(verdict) = switchover(facts, primary, probe, status, commands, events) {
         return verdict;
     }
-    steady(facts, primary, probe, commands, events)
+    let sent = commands.len();
+    let verdict = steady(facts, primary, probe, commands, events);
+    // A server being put in line is no server to restart beside.
+    if commands.len() > sent {
+        return verdict;
+    }
+    rolling_update(facts, primary, probe, commands, events).unwrap_or(verdict)
+}
+
+/// A version, image or configuration change, one server at a time: the replicas first, then
+/// the primary after a switchover to an updated replica. Nothing is restarted unless every
+/// wanted server runs, answers, and (the primary aside) replicates from the primary, so a
+/// restart never meets a server already missing and a failover during it finds every
+/// replica but one. Errant servers are left as they are (quarantined, kept for the admin).
+fn rolling_update(
+    facts: &Facts,
+    primary: &str,
+    probe: &Probe,
+    commands: &mut Vec<Command>,
+    events: &mut Vec<Action>,
+) -> Option<Verdict> {
+    let image = facts.spec.image();
+    let revision = children::config_revision(&facts.spec);
+    let outdated = |s: &Server| s.image != image || s.config_revision != revision;
+    let errant = |s: &Server| s.name != primary && s.answer().is_some_and(|r| is_errant(r, probe));
+    let wanted = wanted_servers(facts, Some(primary));
+    let members: Vec<&Server> = wanted.iter().filter_map(|n| server(facts, n)).collect();
+    let stale: Vec<&Server> = members
+        .iter()
+        .copied()
+        .filter(|s| outdated(s) && !errant(s))
+        .collect();
+    if stale.is_empty() {
+        return None;
+    }
+    let host = children::host_of(&facts.name, primary);
+    let out_of_line: Vec<String> = wanted
+        .iter()
+        .filter(|name| match server(facts, name) {
+            None => true,
+            Some(s) if errant(s) => false,
+            Some(s) => {
+                s.pod != (PodState::Running { ready: true })
+                    || (s.name != primary
+                        && !s.answer().is_some_and(|p| {
+                            p.replicating()
+                                && p.link.as_ref().is_some_and(|l| l.source_host == host)
+                        }))
+            }
+        })
+        .cloned()
+        .collect();
+    let progress = format!(
+        "rolling update to {image} with configuration {revision}: {} of {} servers updated",
+        members.len() - stale.len(),
+        members.len()
+    );
+    let rolling = |message: String, restart: Option<String>| Verdict {
+        progressing: Some(message),
+        requeue_ms: REQUEUE_BUSY_MS,
+        restart,
+        ..Verdict::steady(Some(primary.to_owned()))
+    };
+    if !out_of_line.is_empty() {
+        return Some(rolling(
+            format!(
+                "{progress}; waiting for {} to run and replicate before restarting the next",
+                out_of_line.join(", ")
+            ),
+            None,
+        ));
+    }
+    if let Some(replica) = stale.iter().find(|s| s.name != primary) {
+        events.push(Action::RecordEvent(Event::normal(
+            "RollingUpdate",
+            format!(
+                "restarting replica {} on {image} with configuration {revision} (replicas first; its data stays on its claim)",
+                replica.name
+            ),
+        )));
+        return Some(rolling(
+            format!("{progress}; restarting {}", replica.name),
+            Some(replica.name.clone()),
+        ));
+    }
+    // Only the primary is left: it hands over to an updated replica and restarts as one.
+    let target = members
+        .iter()
+        .find(|s| s.name != primary && !outdated(s) && !errant(s));
+    let Some(target) = target else {
+        events.push(Action::RecordEvent(Event::normal(
+            "RollingUpdate",
+            format!(
+                "restarting the primary {primary} in place on {image}: there is no updated replica to switch over to, so writes are refused until it is back"
+            ),
+        )));
+        return Some(rolling(
+            format!("{progress}; restarting the primary {primary} in place"),
+            Some(primary.to_owned()),
+        ));
+    };
+    switch_to(primary, &target.name, commands);
+    events.push(Action::RecordEvent(Event::normal(
+        "Switchover",
+        format!(
+            "rolling update: {primary} made read-only, {} caught up with its binlog and promoted; {primary} rejoins as a replica and restarts last",
+            target.name
+        ),
+    )));
+    Some(Verdict {
+        phase: "SwitchingOver",
+        progressing: Some(format!(
+            "{progress}; switching over from {primary} to {}",
+            target.name
+        )),
+        requeue_ms: REQUEUE_FAILOVER_MS,
+        ..Verdict::steady(Some(target.name.clone()))
+    })
+}
+
+/// The commands of a switchover: the primary stops taking writes, the target applies
+/// everything the primary wrote, then takes writes with semi-sync on.
+fn switch_to(primary: &str, target: &str, commands: &mut Vec<Command>) {
+    commands.extend([
+        Command::SetReadOnly {
+            pod: primary.to_owned(),
+            read_only: true,
+        },
+        Command::CatchUp {
+            pod: target.to_owned(),
+            source: primary.to_owned(),
+        },
+        Command::Promote {
+            pod: target.to_owned(),
+            reset_link: true,
+        },
+        Command::SemiSync {
+            pod: target.to_owned(),
+            on: true,
+        },
+    ]);
 }
 
 fn switchover_target(request: &str) -> &str {
@@ -680,24 +836,7 @@ fn switchover(
             ..Verdict::steady(Some(primary.to_owned()))
         });
     }
-    commands.extend([
-        Command::SetReadOnly {
-            pod: primary.to_owned(),
-            read_only: true,
-        },
-        Command::CatchUp {
-            pod: target.to_owned(),
-            source: primary.to_owned(),
-        },
-        Command::Promote {
-            pod: target.to_owned(),
-            reset_link: true,
-        },
-        Command::SemiSync {
-            pod: target.to_owned(),
-            on: true,
-        },
-    ]);
+    switch_to(primary, target, commands);
     events.push(Action::RecordEvent(Event::normal(
         "Switchover",
         format!(
@@ -728,6 +867,7 @@ fn failover(
         progressing: None,
         requeue_ms: REQUEUE_FAILOVER_MS,
         may_delete: false,
+        restart: None,
     };
     let errant = &status.errant_replicas;
     let known = status
@@ -916,7 +1056,10 @@ fn steady(
 
 /// The children: config, Services, budget, a claim per wanted server, and the Pods.
 fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<Action> {
-    let mut actions = vec![Action::Apply(children::server_config(&facts.name))];
+    let mut actions = vec![Action::Apply(children::server_config(
+        &facts.name,
+        &facts.spec,
+    ))];
     actions.extend(children::services(&facts.name).map(Action::Apply));
     actions.push(Action::Apply(children::budget(&facts.name)));
     let primary = verdict.primary.as_deref();
@@ -945,10 +1088,14 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
             _ if !wanted.contains(&s.name) && verdict.may_delete => {
                 actions.push(delete_pod(&s.name));
             }
+            _ if verdict.restart.as_deref() == Some(s.name.as_str()) => {
+                actions.push(delete_pod(&s.name));
+            }
             _ => actions.push(Action::Apply(children::server_pod(
                 &facts.name,
                 &s.name,
                 &s.image,
+                &s.config_revision,
                 role(&s.name),
                 &facts.spec,
             ))),
@@ -960,6 +1107,7 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
                 &facts.name,
                 name,
                 &facts.spec.image(),
+                &children::config_revision(&facts.spec),
                 role(name),
                 &facts.spec,
             )));
@@ -1049,6 +1197,7 @@ mod tests {
         Server {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
+            config_revision: children::config_revision(&MariaDBClusterSpec::default()),
             pod: PodState::Running { ready: true },
             probe: Ok(probe),
         }
@@ -1139,6 +1288,7 @@ mod tests {
         Server {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
+            config_revision: children::config_revision(&MariaDBClusterSpec::default()),
             pod,
             probe: Err("unreachable".into()),
         }
@@ -1723,6 +1873,237 @@ mod tests {
                 events: &["CredentialsUnavailable"],
             },
         ];
+        check(rows);
+    }
+
+    /// The spec asks for MariaDB `10.11.9`.
+    fn to_version(mut f: Facts) -> Facts {
+        f.spec.version = "10.11.9".into();
+        f
+    }
+
+    /// The server already runs `10.11.9`.
+    fn updated(mut s: Server) -> Server {
+        s.image = "mariadb:10.11.9".into();
+        s
+    }
+
+    /// A primary without replicas: semi-sync off.
+    fn lone_primary(ordinal: u32, pos: &str) -> Server {
+        let mut s = primary(ordinal, pos);
+        if let Ok(p) = &mut s.probe {
+            p.semi_sync_primary = false;
+            p.semi_sync_active = false;
+        }
+        s
+    }
+
+    fn catch_up(o: u32, of: u32) -> Command {
+        Command::CatchUp {
+            pod: name(o),
+            source: name(of),
+        }
+    }
+
+    fn read_only(o: u32) -> Command {
+        Command::SetReadOnly {
+            pod: name(o),
+            read_only: true,
+        }
+    }
+
+    #[test]
+    fn rolling_update_table() {
+        let pos = "0-1-10";
+        let rows = vec![
+            Row {
+                situation: "a version change restarts one replica, the lowest, and sends nothing",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![primary(0, pos), replica(1, 0, pos), replica(2, 0, pos)],
+                )),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &["db-1"],
+                degraded: "",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "while the restarted replica's Pod is not back, nothing else restarts",
+                facts: to_version(facts(Some(0), 2, vec![primary(0, pos), replica(2, 0, pos)])),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "",
+                events: &[],
+            },
+            Row {
+                situation: "while the restarted replica runs but does not answer yet, nothing else restarts",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![
+                        primary(0, pos),
+                        updated(silent(1, PodState::Running { ready: false })),
+                        replica(2, 0, pos),
+                    ],
+                )),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "",
+                events: &[],
+            },
+            Row {
+                situation: "the restarted replica is first put back in line, then the next one restarts",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![
+                        primary(0, pos),
+                        updated(replica_with(1, 0, pos, pos, false, false)),
+                        replica(2, 0, pos),
+                    ],
+                )),
+                commands: vec![Command::StartReplication { pod: name(1) }],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "",
+                events: &[],
+            },
+            Row {
+                situation: "an updated replica replicating: the next one restarts",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![
+                        primary(0, pos),
+                        updated(replica(1, 0, pos)),
+                        replica(2, 0, pos),
+                    ],
+                )),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &["db-2"],
+                degraded: "",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "every replica updated: the primary switches over to the lowest, after it caught up",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![
+                        primary(0, pos),
+                        updated(replica(1, 0, pos)),
+                        updated(replica(2, 0, pos)),
+                    ],
+                )),
+                commands: vec![read_only(0), catch_up(1, 0), promote(1), semi_sync(1, true)],
+                primary: Some("db-1"),
+                deleted: &[],
+                degraded: "",
+                events: &["Switchover"],
+            },
+            Row {
+                situation: "the old primary, replicating from the new one, restarts last",
+                facts: to_version(facts(
+                    Some(1),
+                    2,
+                    vec![
+                        replica(0, 1, pos),
+                        updated(primary(1, pos)),
+                        updated(replica(2, 1, pos)),
+                    ],
+                )),
+                commands: vec![],
+                primary: Some("db-1"),
+                deleted: &["db-0"],
+                degraded: "",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "every server updated: nothing restarts",
+                facts: to_version(facts(
+                    Some(1),
+                    2,
+                    vec![
+                        updated(replica(0, 1, pos)),
+                        updated(primary(1, pos)),
+                        updated(replica(2, 1, pos)),
+                    ],
+                )),
+                commands: vec![],
+                primary: Some("db-1"),
+                deleted: &[],
+                degraded: "",
+                events: &[],
+            },
+            Row {
+                situation: "a lone primary restarts in place",
+                facts: to_version(facts(Some(0), 0, vec![lone_primary(0, pos)])),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &["db-0"],
+                degraded: "",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "a server option of the spec's restarts the servers like a version",
+                facts: {
+                    let mut f = facts(
+                        Some(0),
+                        2,
+                        vec![primary(0, pos), replica(1, 0, pos), replica(2, 0, pos)],
+                    );
+                    f.spec.config = [("max_connections".to_owned(), "500".to_owned())].into();
+                    f
+                },
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &["db-1"],
+                degraded: "",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "an errant replica is left as it is; the others roll",
+                facts: to_version(with_errant(
+                    facts(
+                        Some(0),
+                        2,
+                        vec![primary(0, pos), returning(1, "0-2-3"), replica(2, 0, pos)],
+                    ),
+                    &[1],
+                )),
+                commands: vec![],
+                primary: Some("db-0"),
+                deleted: &["db-2"],
+                degraded: "ErrantReplica",
+                events: &["RollingUpdate"],
+            },
+            Row {
+                situation: "no rolling restart while the primary is lost",
+                facts: to_version(facts(
+                    Some(0),
+                    2,
+                    vec![
+                        silent(0, PodState::Ended),
+                        replica(1, 0, pos),
+                        replica(2, 0, pos),
+                    ],
+                )),
+                commands: vec![stop_io(1), stop_io(2)],
+                primary: Some("db-0"),
+                deleted: &[],
+                degraded: "PrimaryLost",
+                events: &["Fencing", "PrimaryLost"],
+            },
+        ];
+        check(rows);
+    }
+
+    fn check(rows: Vec<Row>) {
         for row in rows {
             let plan = decide(&row.facts);
             let got = outcome(&plan);

@@ -107,7 +107,45 @@ pub struct MariaDBClusterSpec {
     /// CPU and memory of each server's container, as a Pod's `resources`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// Server options added under `[mariadb]` in every server's configuration, e.g.
+    /// `max_connections: "500"`. A change (like a `version` or `image` change) restarts the
+    /// servers one at a time: the replicas first, then the primary after a switchover to an
+    /// updated replica. Options failover relies on (binary log, GTIDs, read-only, semi-sync,
+    /// replication start, server identity) are the plugin's and refused here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub config: BTreeMap<String, String>,
 }
+
+/// Server options the plugin sets itself (see [`crate::children::SERVER_CONFIG`]) or that
+/// would break what failover relies on: refused in `spec.config`.
+pub const RESERVED_OPTIONS: &[&str] = &[
+    "log_bin",
+    "log_slave_updates",
+    "log_replica_updates",
+    "binlog_format",
+    "gtid_strict_mode",
+    "gtid_domain_id",
+    "read_only",
+    "super_read_only",
+    "skip_slave_start",
+    "skip_replica_start",
+    "relay_log",
+    "relay_log_recovery",
+    "sync_binlog",
+    "innodb_flush_log_at_trx_commit",
+    "server_id",
+    "report_host",
+    "port",
+    "datadir",
+    "socket",
+    "bind_address",
+    "skip_networking",
+    "skip_grant_tables",
+];
+
+/// Longest value of one `spec.config` option.
+pub const MAX_OPTION_VALUE: usize = 256;
 
 /// A server's data volume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -167,6 +205,7 @@ impl Default for MariaDBClusterSpec {
             credentials_secret: None,
             storage: Storage::default(),
             resources: None,
+            config: BTreeMap::new(),
         }
     }
 }
@@ -201,8 +240,51 @@ impl MariaDBClusterSpec {
                 self.version
             ));
         }
-        None
+        self.config
+            .iter()
+            .find_map(|(key, value)| invalid_option(key, value))
     }
+}
+
+/// Why `key: value` cannot go into the server configuration, naming the field to fix.
+fn invalid_option(key: &str, value: &str) -> Option<String> {
+    let well_formed = key.len() <= 64
+        && key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if !well_formed {
+        return Some(format!(
+            "spec.config key `{key}` is not a MariaDB option name (lower-case letters, digits, `_` and `-`, at most 64); fix or remove it"
+        ));
+    }
+    // MariaDB reads `-` and `_` alike in option names and takes the prefixes `loose-`,
+    // `skip-`, `disable-`, `enable-` and `maximum-` on any option (`skip-log-bin`); a
+    // `rpl_semi_sync_` option decides whether an acknowledged write is on a replica.
+    let normalized = key.replace('-', "_");
+    let mut names = vec![normalized.as_str()];
+    let mut rest = normalized.as_str();
+    while let Some(stripped) = ["loose_", "skip_", "disable_", "enable_", "maximum_"]
+        .iter()
+        .find_map(|prefix| rest.strip_prefix(prefix))
+    {
+        names.push(stripped);
+        rest = stripped;
+    }
+    if names
+        .iter()
+        .any(|n| RESERVED_OPTIONS.contains(n) || n.starts_with("rpl_semi_sync_"))
+    {
+        return Some(format!(
+            "spec.config sets `{key}`, which the plugin sets itself (replication and failover rely on it); remove it from spec.config"
+        ));
+    }
+    if value.len() > MAX_OPTION_VALUE || value.contains(['\n', '\r']) {
+        return Some(format!(
+            "spec.config `{key}` has a value longer than {MAX_OPTION_VALUE} characters or spanning lines; give it one short line"
+        ));
+    }
+    None
 }
 
 /// One replica as the plugin last saw it.
@@ -326,6 +408,54 @@ mod tests {
                     ..base.clone()
                 },
                 None,
+            ),
+            (
+                "a server option of one's own runs",
+                MariaDBClusterSpec {
+                    config: [("max_connections".to_owned(), "500".to_owned())].into(),
+                    ..base.clone()
+                },
+                None,
+            ),
+            (
+                "an option failover relies on is refused, however it is spelled",
+                MariaDBClusterSpec {
+                    config: [("log-bin".to_owned(), "OFF".to_owned())].into(),
+                    ..base.clone()
+                },
+                Some("spec.config sets `log-bin`"),
+            ),
+            (
+                "an option turned off by its prefix is refused",
+                MariaDBClusterSpec {
+                    config: [("loose-skip-log-bin".to_owned(), String::new())].into(),
+                    ..base.clone()
+                },
+                Some("spec.config sets"),
+            ),
+            (
+                "a semi-sync option is refused",
+                MariaDBClusterSpec {
+                    config: [("rpl_semi_sync_master_timeout".to_owned(), "10".to_owned())].into(),
+                    ..base.clone()
+                },
+                Some("spec.config sets"),
+            ),
+            (
+                "an option name that could inject a section is refused",
+                MariaDBClusterSpec {
+                    config: [("[client]".to_owned(), "x".to_owned())].into(),
+                    ..base.clone()
+                },
+                Some("spec.config key"),
+            ),
+            (
+                "a value spanning lines is refused",
+                MariaDBClusterSpec {
+                    config: [("max_connections".to_owned(), "5\nread_only=OFF".to_owned())].into(),
+                    ..base.clone()
+                },
+                Some("one short line"),
             ),
         ];
         for (situation, spec, want) in rows {
