@@ -12,8 +12,12 @@
 //!   its offset, so the same one is chosen again (see `promotion_candidate`).
 //!   A primary that runs but does not answer is not replaced: it may still take writes.
 //! - With no replica to promote, nothing is elected: an empty server would make its replicas
-//!   drop their data. The status says `Degraded` until a replica answers (or, with a single
-//!   server, the dead one is replaced: there was no copy to keep).
+//!   drop their data. A replica with offset 0 (it never finished its first sync) is none: the
+//!   one with the data may only be slow to answer. Nor is the lost primary's Pod created again
+//!   under its name, where a fresh, empty server would pass for it. The status says `Degraded`
+//!   until a replica with data answers, or every other server answers empty (then no copy is
+//!   left and the lowest ordinal takes over, empty), or, with a single server, the dead one is
+//!   replaced: there was no copy to keep.
 //! - Every other answering server follows the primary (`REPLICAOF <primary IP> 6379`).
 //! - Pods `<name>-0..replicas-1`; an ended one is deleted (and created again, fresh, as a
 //!   replica, on the next reconcile); the primary is never deleted by a scale-down.
@@ -161,10 +165,25 @@ pub fn decide(facts: &Facts) -> Plan {
                 });
                 Some(candidate.name.clone())
             }
-            None => {
-                primary_lost_without_candidate = true;
-                Some(lost)
-            }
+            None => match no_copy_left(facts, &lost) {
+                Some(fresh) => {
+                    actions.push(Action::RecordEvent(Event::warning(
+                        "Failover",
+                        format!(
+                            "primary {lost} is gone; promoted {} (replication offset 0: no server had its data, every other answers empty)",
+                            fresh.name
+                        ),
+                    )));
+                    commands.push(Command::Promote {
+                        pod: fresh.name.clone(),
+                    });
+                    Some(fresh.name.clone())
+                }
+                None => {
+                    primary_lost_without_candidate = true;
+                    Some(lost)
+                }
+            },
         },
         None => first_primary(facts).inspect(|elected| {
             actions.push(Action::RecordEvent(Event::normal(
@@ -204,11 +223,14 @@ pub fn decide(facts: &Facts) -> Plan {
             is_primary,
         )));
     }
+    // Not under the name of a lost primary not replaced yet (still streaming, or no replica
+    // answers to take over): the fresh, empty server would pass for it and its replicas would
+    // copy the emptiness (fault campaign, redis seeds 13, 14). A single server had no copy.
+    let lost_unreplaced =
+        lost_primary_streaming || (primary_lost_without_candidate && facts.spec.replicas > 1);
     for ordinal in 0..wanted {
         let name = children::pod_name(&facts.name, ordinal);
-        // Not under the name of a primary still streaming: the fresh, empty server would pass
-        // for it and its replicas would copy the emptiness (fault campaign, redis seeds 13, 14).
-        if lost_primary_streaming && primary.as_deref() == Some(name.as_str()) {
+        if lost_unreplaced && primary.as_deref() == Some(name.as_str()) {
             continue;
         }
         if server(&name).is_none() {
@@ -423,18 +445,17 @@ fn lost_primary_may_stream(facts: &Facts, lost: &str) -> bool {
 /// replica, or one already taking writes with data. The latter was promoted by a decision
 /// whose status never landed (the host stopped between the command and the status write, or
 /// the status write was refused as stale); promoted, its offset only grew, so it is chosen
-/// again rather than a second server made primary beside it. A server taking writes with
-/// offset 0 is a fresh, empty one: never a candidate over a replica with the data.
+/// again rather than a second server made primary beside it. A server with offset 0 holds
+/// nothing of the stream (a fresh one, or a replica that never finished its first sync): never
+/// a candidate, as a replica with the data may only be slow to answer; [`no_copy_left`]
+/// decides when there is none.
 fn promotion_candidate<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
     facts
         .servers
         .iter()
         .filter(|s| s.name != lost && s.reachable())
         .filter_map(|s| {
-            let r = s
-                .replication
-                .as_ref()
-                .filter(|r| r.role == Role::Replica || (r.role == Role::Primary && r.offset > 0))?;
+            let r = s.replication.as_ref().filter(|r| r.offset > 0)?;
             Some((
                 r.offset,
                 std::cmp::Reverse(children::ordinal(&facts.name, &s.name)),
@@ -443,6 +464,32 @@ fn promotion_candidate<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
         })
         .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
         .map(|(_, _, s)| s)
+}
+
+/// The server that takes over, empty, from a lost primary no server has a copy of: every other
+/// server the spec wants runs and answers with offset 0 (fresh, or never synced), and no
+/// other live server has data. Nothing is kept by waiting then, and no one would ever become
+/// a candidate; the lowest ordinal is promoted. `None` while any server may hold data or has
+/// not answered.
+fn no_copy_left<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
+    let empty = |s: &Server| s.reachable() && s.replication.as_ref().is_some_and(|r| r.offset == 0);
+    let wanted = u32::try_from(facts.spec.replicas).unwrap_or(0);
+    let mut others = (0..wanted)
+        .map(|o| children::pod_name(&facts.name, o))
+        .filter(|name| name != lost)
+        .map(|name| facts.servers.iter().find(|s| s.name == name))
+        .peekable();
+    others.peek()?;
+    let others: Option<Vec<&Server>> = others.collect();
+    let others = others.filter(|o| o.iter().all(|s| empty(s)))?;
+    let data_elsewhere = facts
+        .servers
+        .iter()
+        .any(|s| s.name != lost && s.alive() && !empty(s));
+    if data_elsewhere {
+        return None;
+    }
+    others.into_iter().next()
 }
 
 /// The first primary of a new resource: a server already taking writes with the most data,
@@ -634,6 +681,29 @@ mod tests {
         assert!(!created.contains(&"r-0"), "{created:?}");
     }
 
+    /// The lost primary's Pod is gone and no replica answers to take over: created again
+    /// under its name, with the primary label, the fresh, empty server would pass for the
+    /// primary (it is the one the status names, alive) and the replicas, once they answer,
+    /// would be told to follow it and copy its emptiness.
+    #[test]
+    fn a_lost_primary_with_no_replica_answering_is_not_recreated_under_its_name() {
+        let plan = decide(&facts(
+            Some("r-0"),
+            3,
+            vec![server(1, "Running", None), server(2, "Running", None)],
+        ));
+        let created: Vec<&str> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Apply(o) if o["kind"] == "Pod" => o["metadata"]["name"].as_str(),
+                _ => None,
+            })
+            .collect();
+        assert!(!created.contains(&"r-0"), "{created:?}");
+        assert_eq!(outcome(&plan).degraded, "True:PrimaryLostNoReplica");
+    }
+
     #[test]
     fn decision_table() {
         struct Row {
@@ -821,6 +891,45 @@ mod tests {
                 deleted: &[],
                 degraded: "True:PrimaryLostNoReplica",
                 events: &["PrimaryLost"],
+            },
+            Row {
+                situation: "the primary failed; a replica that never finished its first sync answers and the one with the data does not: nothing is promoted yet",
+                facts: facts(
+                    Some("r-0"),
+                    3,
+                    vec![
+                        server(0, "Failed", None),
+                        server(1, "Running", None),
+                        orphan(2, 0, 0),
+                    ],
+                ),
+                commands: vec![],
+                primary: Some("r-0"),
+                deleted: &[],
+                degraded: "True:PrimaryLostNoReplica",
+                events: &["PrimaryLost"],
+            },
+            Row {
+                situation: "every server lost: the fresh ones all answer empty, so the lowest ordinal takes over, empty",
+                facts: facts(Some("r-0"), 3, vec![primary(1, 0), primary(2, 0)]),
+                commands: vec![promote(1), follow(2, 1)],
+                primary: Some("r-1"),
+                deleted: &[],
+                degraded: "True:FailedOver",
+                events: &["Failover"],
+            },
+            Row {
+                situation: "the primary died with the only copy, its replicas never synced: the lowest ordinal takes over, empty",
+                facts: facts(
+                    Some("r-0"),
+                    3,
+                    vec![server(0, "Failed", None), orphan(1, 0, 0), orphan(2, 0, 0)],
+                ),
+                commands: vec![promote(1), follow(2, 1)],
+                primary: Some("r-1"),
+                deleted: &["r-0"],
+                degraded: "True:FailedOver",
+                events: &["Failover"],
             },
             Row {
                 situation: "a single server that died is replaced: there was no copy to keep",
