@@ -12,12 +12,13 @@
 //!   its offset, so the same one is chosen again (see `promotion_candidate`).
 //!   A primary that runs but does not answer is not replaced: it may still take writes.
 //! - With no replica to promote, nothing is elected: an empty server would make its replicas
-//!   drop their data. A replica with offset 0 (it never finished its first sync) is none: the
-//!   one with the data may only be slow to answer. Nor is the lost primary's Pod created again
-//!   under its name, where a fresh, empty server would pass for it. The status says `Degraded`
-//!   until a replica with data answers, or every other server answers empty (then no copy is
-//!   left and the lowest ordinal takes over, empty), or, with a single server, the dead one is
-//!   replaced: there was no copy to keep.
+//!   drop their data. A server with offset 0 (none of the primary's stream: fresh, or a replica
+//!   that never finished its first sync) is none: the one with the data may only be slow to
+//!   answer. Nor is the lost primary's Pod created again under its name, where a fresh, empty
+//!   server would pass for it. The status says `Degraded` until a replica with data answers, or
+//!   every other server answers with offset 0 (then no copy of the stream is left and the
+//!   lowest ordinal takes over), or, with a single server, the dead one is replaced: there was
+//!   no copy to keep.
 //! - Every other answering server follows the primary (`REPLICAOF <primary IP> 6379`).
 //! - Pods `<name>-0..replicas-1`; an ended one is deleted (and created again, fresh, as a
 //!   replica, on the next reconcile); the primary is never deleted by a scale-down.
@@ -170,7 +171,7 @@ pub fn decide(facts: &Facts) -> Plan {
                     actions.push(Action::RecordEvent(Event::warning(
                         "Failover",
                         format!(
-                            "primary {lost} is gone; promoted {} (replication offset 0: no server had its data, every other answers empty)",
+                            "primary {lost} is gone; promoted {} (replication offset 0: no server has any of its stream)",
                             fresh.name
                         ),
                     )));
@@ -446,9 +447,9 @@ fn lost_primary_may_stream(facts: &Facts, lost: &str) -> bool {
 /// whose status never landed (the host stopped between the command and the status write, or
 /// the status write was refused as stale); promoted, its offset only grew, so it is chosen
 /// again rather than a second server made primary beside it. A server with offset 0 holds
-/// nothing of the stream (a fresh one, or a replica that never finished its first sync): never
-/// a candidate, as a replica with the data may only be slow to answer; [`no_copy_left`]
-/// decides when there is none.
+/// none of the stream (a fresh one, or a replica that never finished its first sync): never a
+/// candidate, as a replica with the data may only be slow to answer; [`no_copy_left`] decides
+/// when there is none.
 fn promotion_candidate<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
     facts
         .servers
@@ -466,10 +467,12 @@ fn promotion_candidate<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
         .map(|(_, _, s)| s)
 }
 
-/// The server that takes over, empty, from a lost primary no server has a copy of: every other
-/// server the spec wants runs and answers with offset 0 (fresh, or never synced), and no
-/// other live server has data. Nothing is kept by waiting then, and no one would ever become
-/// a candidate; the lowest ordinal is promoted. `None` while any server may hold data or has
+/// The server that takes over from a lost primary whose stream no server has a copy of: every
+/// other server the spec wants runs and answers with offset 0, and no other live server has
+/// more. Nothing is kept by waiting then, and no one would ever become a candidate; the lowest
+/// ordinal is promoted, as the first primary is. (Offset 0 is not always a server without
+/// keys: a replica whose first sync carried a snapshot no write has followed yet says 0 too;
+/// none of them is then better than another.) `None` while any server may have more or has
 /// not answered.
 fn no_copy_left<'a>(facts: &'a Facts, lost: &str) -> Option<&'a Server> {
     let empty = |s: &Server| s.reachable() && s.replication.as_ref().is_some_and(|r| r.offset == 0);
