@@ -603,18 +603,21 @@ mod tests {
             parent["status"].clone()
         }
 
-        fn role(&self, pod: &str) -> String {
+        /// The Pod `pod` as last applied, or `null`.
+        fn pod(&self, pod: &str) -> Value {
             self.observed
                 .children
                 .iter()
                 .find(|c| c.kind.kind == "Pod" && c.name().as_deref() == Some(pod))
                 .and_then(|c| serde_json::from_str::<Value>(&c.object).ok())
-                .and_then(|p| {
-                    p["metadata"]["labels"][children::ROLE_LABEL]
-                        .as_str()
-                        .map(str::to_owned)
-                })
                 .unwrap_or_default()
+        }
+
+        fn role(&self, pod: &str) -> String {
+            self.pod(pod)["metadata"]["labels"][children::ROLE_LABEL]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
         }
 
         fn promotions(&self) -> u32 {
@@ -779,17 +782,10 @@ mod tests {
     }
 
     fn image(run: &Run, pod: &str) -> String {
-        run.observed
-            .children
-            .iter()
-            .find(|c| c.kind.kind == "Pod" && c.name().as_deref() == Some(pod))
-            .and_then(|c| serde_json::from_str::<Value>(&c.object).ok())
-            .and_then(|p| {
-                p["spec"]["containers"][0]["image"]
-                    .as_str()
-                    .map(str::to_owned)
-            })
+        run.pod(pod)["spec"]["containers"][0]["image"]
+            .as_str()
             .unwrap_or_default()
+            .to_owned()
     }
 
     #[test]
