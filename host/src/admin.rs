@@ -2,9 +2,12 @@
 //! [`Health`] they report.
 //!
 //! `/plugins` lists the loaded plugins as JSON, one object per plugin:
-//! `name`, `version`, `mode` (`active`, or `shadow` for a candidate that only compares), `sha256` (of the component), `target` (`plural.group/version`),
-//! `children`, `source` (`file <path>` or `configmap <namespace>/<name>`), `since` (RFC 3339,
-//! when this version was loaded), `grants.appCall`, `grants.exchange`, `limits` and `concurrency`.
+//! `name`, `version`, `mode` (`active`, `shadow` for a candidate that only compares, or
+//! `rollout` for a staged rollout's new version), `sha256` (of the component), `target`
+//! (`plural.group/version`), `children`, `source` (`file <path>` or `configmap
+//! <namespace>/<name>`), `since` (RFC 3339, when this version was loaded), `grants.appCall`,
+//! `grants.exchange`, `limits` and `concurrency`; a rollout also `rollout` (its settings,
+//! state, parents per version and both versions' figures: [`crate::policy_store::LoadedRollout`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -217,6 +220,10 @@ async fn plugins_json(
                 .iter()
                 .map(|p| p.summary("shadow")),
         )
+        .chain(state.store.list_rollouts().iter().map(|r| {
+            let active = state.store.active_for(&r.policy.plugin.info().target);
+            r.summary(active.as_deref())
+        }))
         .collect();
     (
         [("content-type", "application/json")],

@@ -15,7 +15,9 @@
 //!   ways out are the [`capability`] doors (HTTP app-calls, TLS, exchanges), checked against
 //!   what the parent controls and the admin granted;
 //! - [`act`] — the decision becomes server-side applies, deletes, status and Events;
-//! - [`shadow`] — a candidate plugin decides beside the active one, compared, never acted on.
+//! - [`shadow`] — a candidate plugin decides beside the active one, compared, never acted on;
+//! - [`rollout`] — a candidate version decides, and is acted on, for the parents a rollout
+//!   selects, and is rolled back when it fails more than the active one.
 //!
 //! Of several replicas, only the one that holds the [`leader`] Lease runs controllers, and it
 //! hands the Lease over only once what it started can no longer write; several host
@@ -55,6 +57,8 @@ pub mod pod_security;
 pub mod pod_inputs;
 
 pub mod shadow;
+// Beside shadow: a candidate that acts for the parents its rollout selects.
+pub mod rollout;
 // Beside act: the host's own writes for a parent's opt-in chaos drill.
 pub mod chaos;
 

@@ -185,7 +185,13 @@ enum Command {
         /// Load as a shadow of the active plugin instead of replacing it.
         #[arg(long)]
         shadow: bool,
-        /// Sign the pack (name, component, grants, limits, mode and serial) with this ed25519
+        /// Roll out over the active plugin instead of replacing it: the new version decides
+        /// only for the parents this selects (YAML, e.g. `{selector: {matchLabels: {ring:
+        /// canary}}, percent: 10, maxFailureRate: 0.2, minDecisions: 10}`), and is rolled back
+        /// when it fails more than that.
+        #[arg(long, value_name = "YAML", conflicts_with = "shadow")]
+        rollout: Option<String>,
+        /// Sign the pack (name, component, grants, limits, mode, rollout and serial) with this ed25519
         /// private key (PEM, PKCS#8), for hosts run with --trusted-key.
         #[arg(long, value_name = "PRIVATE_KEY_PEM")]
         sign: Option<PathBuf>,
@@ -436,6 +442,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             grant_images,
             grant_secrets,
             shadow,
+            rollout,
             sign,
             serial,
             bundle: _,
@@ -464,6 +471,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 grant_requested,
                 limits: limits.spec(),
                 shadow,
+                rollout: rollout
+                    .as_deref()
+                    .map(policy_host::rollout::RolloutSpec::parse)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--rollout: {e}"))?,
                 sign,
                 serial,
                 bundle_crds: crds,

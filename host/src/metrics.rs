@@ -1,6 +1,6 @@
 //! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
-//! controllers, shadow comparisons, what the watch caches hold and every bound reached, in
-//! Prometheus text.
+//! controllers, shadow comparisons, staged rollouts per version, what the watch caches hold and
+//! every bound reached, in Prometheus text.
 //!
 //! Every label value that outside input chooses (a plugin's refusal reason, a ConfigMap's
 //! name) is bounded, so no tenant or plugin can grow the number of series.
@@ -52,6 +52,21 @@ struct CacheLabels {
     cache: String,
 }
 
+/// A version in a rollout: `version` is the plugin's `name@version`, the candidate's or the
+/// active one's (bounded: only loaded plugins).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    policy: String,
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutOutcomeLabels {
+    policy: String,
+    version: String,
+    outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BoundLabels {
     bound: String,
@@ -94,6 +109,10 @@ pub struct Metrics {
     cache_ignored: Family<CacheLabels, Counter>,
     bounds_reached: Family<BoundLabels, Counter>,
     child_applies: Family<ApplyLabels, Counter>,
+    rollout_decisions: Family<RolloutOutcomeLabels, Counter>,
+    rollout_parents: Family<RolloutLabels, Gauge>,
+    /// The versions with a `rollout_parents` series per policy, removed when its rollout ends.
+    rollout_versions: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// The `reason` values seen per policy, to bound the series.
     reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// The `outcome` values seen per load source, to bound the series and remove them.
@@ -197,8 +216,23 @@ impl Metrics {
             "Child applies decided, per policy and outcome: sent to the API server, or skipped because the child was still what the host's last apply of the same body left (same uid and resourceVersion)",
             child_applies.clone(),
         );
+        let rollout_decisions = Family::<RolloutOutcomeLabels, Counter>::default();
+        registry.register(
+            "rollout_decisions",
+            "Decisions made while a staged rollout runs, per version (the candidate's or the active one's, name@version) and outcome (succeeded, failed: what counts against a version in the rollback judgement)",
+            rollout_decisions.clone(),
+        );
+        let rollout_parents = Family::<RolloutLabels, Gauge>::default();
+        registry.register(
+            "rollout_parents",
+            "Parents each version of a staged rollout decides for (name@version), as last reconciled",
+            rollout_parents.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            rollout_decisions,
+            rollout_parents,
+            rollout_versions: Arc::new(Mutex::new(HashMap::new())),
             cache_objects,
             cache_bytes,
             cache_ignored,
@@ -289,6 +323,49 @@ impl Metrics {
         }
         seen.insert(reason.to_string());
         reason.to_string()
+    }
+
+    /// Counts a decision of `version` of `policy` during a rollout.
+    pub fn rollout_decided(&self, policy: &str, version: &str, failed: bool) {
+        self.rollout_decisions
+            .get_or_create(&RolloutOutcomeLabels {
+                policy: policy.into(),
+                version: version.into(),
+                outcome: if failed { "failed" } else { "succeeded" },
+            })
+            .inc();
+    }
+
+    /// Sets how many parents `version` of `policy` decides for during a rollout.
+    pub fn rollout_parents(&self, policy: &str, version: &str, parents: usize) {
+        self.rollout_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(policy.to_string())
+            .or_default()
+            .insert(version.to_string());
+        self.rollout_parents
+            .get_or_create(&RolloutLabels {
+                policy: policy.into(),
+                version: version.into(),
+            })
+            .set(i64::try_from(parents).unwrap_or(i64::MAX));
+    }
+
+    /// Removes the `rollout_parents` series of `policy`: its rollout ended.
+    pub fn rollout_ended(&self, policy: &str) {
+        let versions = self
+            .rollout_versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(policy)
+            .unwrap_or_default();
+        for version in versions {
+            self.rollout_parents.remove(&RolloutLabels {
+                policy: policy.into(),
+                version,
+            });
+        }
     }
 
     /// Counts a restart of the controller of `policy` after it ended on its own.

@@ -7,6 +7,10 @@
 //! Beside the active plugins it keeps at most one *shadow* per target kind: a candidate that
 //! decides on the same observations as the active plugin of that kind, whose decisions are
 //! compared and never carried out ([`crate::shadow`]).
+//!
+//! And at most one *rollout* per target kind: a candidate version that decides, and is acted
+//! on, for the parents its rollout selects while the active plugin decides for the rest
+//! ([`crate::rollout`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use tokio::sync::watch;
 use crate::capability::scope::Grants;
 use crate::contract::KindRef;
 use crate::decide::Plugin;
+use crate::rollout::{RolloutSpec, RolloutState};
 
 /// A plugin as loaded: the compiled plugin, its grants and where it came from.
 #[derive(Clone, Debug)]
@@ -70,6 +75,65 @@ impl LoadedPolicy {
     pub fn name(&self) -> &str {
         &self.plugin.info().name
     }
+
+    /// The child kinds it declares, sorted (`plural.group/version`).
+    pub fn child_kinds(&self) -> Vec<String> {
+        let mut kinds: Vec<String> = self
+            .plugin
+            .info()
+            .children
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        kinds.sort();
+        kinds
+    }
+}
+
+/// A candidate version rolled out over the active plugin of its kind.
+#[derive(Debug)]
+pub struct LoadedRollout {
+    /// The candidate.
+    pub policy: Arc<LoadedPolicy>,
+    /// Which parents it decides for and when it rolls back.
+    pub spec: RolloutSpec,
+    /// Its tally, census and rollback; kept when only the spec changes (a wider rollout of
+    /// the same build keeps its figures).
+    pub state: Arc<RolloutState>,
+}
+
+impl LoadedRollout {
+    /// Whether the candidate can stand in for `active` parent by parent: the same plugin (its
+    /// name is in the parents' finalizer and the children's label) with the same child kinds
+    /// (the controller watches the active plugin's). Checked at load; checked again at each
+    /// decision, for a rollout loaded before its active plugin.
+    pub fn fits(&self, active: &LoadedPolicy) -> bool {
+        self.policy.name() == active.name() && self.policy.child_kinds() == active.child_kinds()
+    }
+
+    /// What `/plugins` and the status ConfigMap show: the candidate's summary with a `rollout`
+    /// block (the spec, the state, the parents on each side, both versions' figures).
+    pub fn summary(&self, active: Option<&LoadedPolicy>) -> serde_json::Value {
+        let mut summary = self.policy.summary("rollout");
+        let tally = self.state.tally();
+        let census = self.state.census();
+        let candidate = self.policy.plugin.label();
+        let over = active.map(|a| a.plugin.label().to_string());
+        summary["rollout"] = serde_json::json!({
+            "over": over,
+            "selector": self.spec.selector,
+            "percent": self.spec.percent(),
+            "maxFailureRate": self.spec.max_failure_rate(),
+            "minDecisions": self.spec.min_decisions(),
+            "state": if self.state.rolled_back().is_some() { "RolledBack" } else { "Running" },
+            "rolledBack": self.state.rolled_back(),
+            "parents": { "candidate": census.candidate, "active": census.active },
+            "onCandidate": census.on_candidate,
+            "candidate": { "version": candidate, "decisions": tally.candidate.summary() },
+            "active": { "version": over, "decisions": tally.active.summary() },
+        });
+        summary
+    }
 }
 
 /// The loaded plugins by name. Cheap to clone; every clone sees the same store.
@@ -78,6 +142,8 @@ pub struct PolicyStore {
     policies: watch::Sender<BTreeMap<String, Arc<LoadedPolicy>>>,
     /// Shadows by target kind (`KindRef` display form).
     shadows: watch::Sender<BTreeMap<String, Arc<LoadedPolicy>>>,
+    /// Rollouts by target kind (`KindRef` display form).
+    rollouts: watch::Sender<BTreeMap<String, Arc<LoadedRollout>>>,
 }
 
 impl Default for PolicyStore {
@@ -92,6 +158,7 @@ impl PolicyStore {
         Self {
             policies: watch::Sender::new(BTreeMap::new()),
             shadows: watch::Sender::new(BTreeMap::new()),
+            rollouts: watch::Sender::new(BTreeMap::new()),
         }
     }
 
@@ -185,6 +252,73 @@ impl PolicyStore {
     /// A receiver that sees every change to the shadows.
     pub fn subscribe_shadows(&self) -> watch::Receiver<BTreeMap<String, Arc<LoadedPolicy>>> {
         self.shadows.subscribe()
+    }
+
+    /// Puts `rollout` in as the rollout of its target kind, replacing any rollout of that kind.
+    pub fn insert_rollout(&self, rollout: LoadedRollout) {
+        let rollout = Arc::new(rollout);
+        let kind = rollout.policy.plugin.info().target.to_string();
+        self.rollouts.send_modify(|map| {
+            map.insert(kind, rollout);
+        });
+    }
+
+    /// Removes the rollout of the kind `target` (`KindRef` display form), if `source` loaded it.
+    pub fn remove_rollout(&self, target: &str, source: &str) {
+        self.rollouts.send_modify(|map| {
+            if map.get(target).is_some_and(|r| r.policy.source == source) {
+                map.remove(target);
+            }
+        });
+    }
+
+    /// The rollout of the kind `target`, if one is loaded (rolled back or not).
+    pub fn rollout_for(&self, target: &KindRef) -> Option<Arc<LoadedRollout>> {
+        self.rollouts.borrow().get(&target.to_string()).cloned()
+    }
+
+    /// Every loaded rollout.
+    pub fn list_rollouts(&self) -> Vec<Arc<LoadedRollout>> {
+        self.rollouts.borrow().values().cloned().collect()
+    }
+
+    /// Rolls `rollout` back for `reason`: from the next decision on, every parent runs the
+    /// active plugin. `true` for the first caller only; every watcher of the rollouts hears of
+    /// it (the controller reconciles every parent, the ConfigMap source marks the pack).
+    pub fn roll_back(&self, rollout: &LoadedRollout, reason: String) -> bool {
+        let first = rollout.state.roll_back(reason);
+        if first {
+            self.rollouts.send_modify(|_| {});
+        }
+        first
+    }
+
+    /// A receiver that sees every change to the rollouts, rollbacks included.
+    pub fn subscribe_rollouts(&self) -> watch::Receiver<BTreeMap<String, Arc<LoadedRollout>>> {
+        self.rollouts.subscribe()
+    }
+
+    /// Yields each time the rollout of the kind `target` is loaded, changed, rolled back or
+    /// removed, so its controller can move every parent to the version it now gets at once.
+    pub fn rollout_changes(&self, target: &str) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let mut changes = self.rollouts.subscribe();
+        let seen = |map: &BTreeMap<String, Arc<LoadedRollout>>, target: &str| {
+            map.get(target)
+                .map(|r| (Arc::as_ptr(r) as usize, r.state.rolled_back().is_some()))
+        };
+        let current = seen(&changes.borrow_and_update(), target);
+        let state = (changes, current, target.to_string());
+        futures::stream::unfold(state, move |(mut changes, mut current, target)| async move {
+            loop {
+                changes.changed().await.ok()?;
+                let now = seen(&changes.borrow_and_update(), &target);
+                let changed = now != current;
+                current = now;
+                if changed {
+                    return Some(((), (changes, current, target)));
+                }
+            }
+        })
     }
 
     /// A receiver that sees every change to the store.

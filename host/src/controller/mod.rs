@@ -7,7 +7,8 @@
 //! by the host, not kube-runtime ([`requeue`]): parents due are reconciled in turn, after
 //! changes.
 //!
-//! [`reconcile`] is the data path, one step per module: the own-write deferral
+//! [`reconcile`] is the data path, one step per module: the version that decides under a
+//! staged rollout and the tally of its outcome ([`rollout`]), the own-write deferral
 //! ([`own_writes`]), the finalizers ([`finalizers`]), the finalize branch ([`finalize`]),
 //! the shadow dispatch ([`shadow`]), the chaos drill ([`drill`]), the requeue ([`requeue`]) and
 //! the retry of a failed reconcile ([`retry`]).
@@ -18,6 +19,7 @@ mod finalizers;
 mod own_writes;
 mod requeue;
 mod retry;
+mod rollout;
 mod shadow;
 
 use std::sync::Arc;
@@ -48,6 +50,7 @@ use self::own_writes::OwnWrites;
 use self::requeue::Action as ControllerAction;
 use self::requeue::{ParentRef, Requeues};
 use self::retry::{Failures, error_policy};
+use self::rollout::Placements;
 
 pub use self::finalize::{DEFAULT_FINALIZER_GRACE, deleting_for};
 pub use self::finalizers::FINALIZER_PREFIX;
@@ -57,22 +60,24 @@ pub use crate::decide::sandbox::SHADOW_RUNS_IN_FLIGHT;
 /// How long the first list of the child caches may take before the controller warns.
 const SYNC_WARNING_AFTER: Duration = Duration::from_secs(30);
 
-/// Forgets the failures and drill of a parent that left the parent cache: on its delete event
-/// (a parent deleted without a finalizer is never reconciled again), and on a re-list's end for
-/// every parent the new list lacks (deleted while the watch was down). Called after the store
-/// applied the event.
+/// Forgets the failures, drill and version of a parent that left the parent cache: on its
+/// delete event (a parent deleted without a finalizer is never reconciled again), and on a
+/// re-list's end for every parent the new list lacks (deleted while the watch was down).
+/// Called after the store applied the event.
 fn forget_departed(
     event: &watcher::Event<DynamicObject>,
     parents: &reflector::Store<DynamicObject>,
     resource: &ApiResource,
     failures: &Failures,
     chaos: &ChaosSchedule,
+    placements: &Placements,
 ) {
     match event {
         watcher::Event::Delete(parent) => {
             failures.forget(&ObjectRef::from_obj_with(parent, resource.clone()));
             if let Some(uid) = parent.uid() {
                 chaos.forget(&uid);
+                placements.forget(&uid);
             }
         }
         watcher::Event::InitDone => {
@@ -80,6 +85,7 @@ fn forget_departed(
             let listed: std::collections::HashSet<String> =
                 parents.state().iter().filter_map(|p| p.uid()).collect();
             chaos.retain(|uid| listed.contains(uid));
+            placements.retain(|uid| listed.contains(uid));
         }
         _ => {}
     }
@@ -183,6 +189,8 @@ pub struct PolicyController {
     chaos: Arc<ChaosSchedule>,
     /// The parents' requeues, kept out of kube-runtime's scheduler.
     requeues: Arc<Requeues>,
+    /// Which version last decided for each parent (staged rollouts).
+    placements: Arc<Placements>,
 }
 
 /// Options for a policy's controller.
@@ -268,11 +276,15 @@ pub async fn run(
     );
     let failures = Arc::new(Failures::default());
     let chaos = Arc::new(ChaosSchedule::default());
+    let placements = Arc::new(Placements::default());
     let parent_stream = parent_stream
         .inspect_ok({
             let (store, resource) = (parent_store.clone(), parent_resource.clone());
-            let (failures, chaos) = (failures.clone(), chaos.clone());
-            move |event| forget_departed(event, &store, &resource, &failures, &chaos)
+            let (failures, chaos, placements) =
+                (failures.clone(), chaos.clone(), placements.clone());
+            move |event| {
+                forget_departed(event, &store, &resource, &failures, &chaos, &placements)
+            }
         })
         .applied_objects();
     let parents_listed = parent_store.clone();
@@ -308,8 +320,10 @@ pub async fn run(
     let mut controller =
         Controller::for_stream_with(gated_parents, parent_store, parent_resource.clone())
             .with_config(ControllerConfig::default().concurrency(options.concurrency))
-            // A newly loaded version decides for every parent at once (hot swap).
+            // A newly loaded version decides for every parent at once (hot swap), and so does
+            // a rollout loaded, widened, rolled back or ended: each parent moves at once.
             .reconcile_all_on(store.replacements(&policy))
+            .reconcile_all_on(store.rollout_changes(&info.target.to_string()))
             .reconcile_on(
                 requeues
                     .clone()
@@ -338,6 +352,7 @@ pub async fn run(
         finalizer_grace: options.finalizer_grace,
         chaos,
         requeues,
+        placements,
     });
     tracing::info!(
         policy = %policy,
@@ -459,16 +474,28 @@ fn error_policy_in_turn(
     KubeAction::await_change()
 }
 
-/// One parent's reconcile, step by step: observe → decide → act, with the host's own steps
-/// around it (each in a module of its own).
+/// One parent's reconcile: the version that decides for it (the active plugin, or a staged
+/// rollout's candidate), its decision, and the outcome tallied for the rollout ([`rollout`]).
 async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<PolicyController>,
 ) -> Result<ControllerAction, ReconcileError> {
-    let loaded = ctx
-        .store
-        .get(&ctx.policy)
-        .ok_or_else(|| ReconcileError::PolicyGone(ctx.policy.clone()))?;
+    let version = ctx.version_for(&parent).await?;
+    let mut decided = None;
+    let outcome = reconcile_with(parent.clone(), &ctx, version.loaded.clone(), &mut decided).await;
+    ctx.tally(&parent, &version, outcome.as_ref().map(|_| ()), decided);
+    outcome
+}
+
+/// One parent's reconcile by `loaded`, step by step: observe → decide → act, with the host's
+/// own steps around it (each in a module of its own). `decided` becomes `Some(degraded)` once
+/// the plugin decided, `degraded` when its status turns the parent's `Degraded` condition on.
+async fn reconcile_with(
+    parent: Arc<DynamicObject>,
+    ctx: &Arc<PolicyController>,
+    loaded: Arc<LoadedPolicy>,
+    decided: &mut Option<bool>,
+) -> Result<ControllerAction, ReconcileError> {
     let plugin = &loaded.plugin;
     let label = format!(
         "{}/{}",
@@ -558,6 +585,10 @@ async fn reconcile(
         );
     }
     let decision = decision?;
+    *decided = Some(decision.actions.iter().any(|action| {
+        matches!(action, Action::SetStatus(status)
+            if crate::rollout::degraded_caused(parent.data.get("status"), status))
+    }));
     tracing::debug!(
         parent = %label,
         plugin = plugin.label(),
@@ -691,18 +722,21 @@ mod tests {
             let mut writer = reflector::store::Writer::new(resource.clone());
             let store = writer.as_reader();
             let (failures, chaos) = (Failures::default(), ChaosSchedule::default());
+            let placements = Placements::default();
             for uid in ["a", "b"] {
                 let parent = parent_at(uid, "1");
                 writer.apply_watcher_event(&Event::Apply(parent.clone()));
                 failures.failed(ObjectRef::from_obj_with(&parent, resource.clone()));
                 chaos.turn(uid, Some("kill-pod every=30s"), true, Instant::now());
+                placements.placed_for_test(uid);
             }
             for event in events {
                 writer.apply_watcher_event(&event);
-                forget_departed(&event, &store, &resource, &failures, &chaos);
+                forget_departed(&event, &store, &resource, &failures, &chaos, &placements);
             }
             assert_eq!(failures.len(), left, "{situation}: failures");
             assert_eq!(chaos.len(), left, "{situation}: drills");
+            assert_eq!(placements.len(), left, "{situation}: versions");
         }
     }
 }

@@ -13,6 +13,12 @@
 //!   then marks the replaced ConfigMap with the annotation [`SUPERSEDED_BY`] (naming the
 //!   promoted one), and skips it while the promoted ConfigMap exists, after restarts too; delete
 //!   it once satisfied, or delete the promoted one and remove the annotation to roll back.
+//! - `data.mode: rollout`: the plugin loads as the *rollout* of the active plugin of its kind
+//!   ([`crate::rollout`]): a new version of the same plugin that decides for the parents
+//!   `data.rollout` selects. At most one per kind. Changing `data.rollout` widens or narrows it
+//!   (its figures kept); `data.mode: active` promotes it as a shadow is promoted. When the
+//!   controller rolls it back, the host annotates its ConfigMap [`ROLLED_BACK`] (the component's
+//!   sha256) and does not load that build from it again, after restarts too.
 //!
 //! Each load, swap, refusal and unload is a log line, a `policy_host_plugin_loads_total`
 //! count, and an Event on the ConfigMap (`kubectl describe configmap <name>` shows the history).
@@ -29,12 +35,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
+use crate::rollout::{RolloutSpec, RolloutState};
+use std::sync::Arc;
 use super::trust::{TrustError, TrustPolicy};
 use super::{LoadError, PluginLoader};
 use crate::decide::Plugin;
 use crate::decide::sandbox::{INSTANCE_SLOTS, SHADOW_RUNS_IN_FLIGHT};
 use crate::metrics::Metrics;
-use crate::policy_store::{LoadedPolicy, PolicyStore};
+use crate::policy_store::{LoadedPolicy, LoadedRollout, PolicyStore};
 
 /// Why a valid plugin from a ConfigMap was still not swapped in.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +105,35 @@ pub enum RefusalError {
         /// Where that one came from.
         other_source: String,
     },
+    /// Another ConfigMap already rolls out a version for the same kind.
+    #[error(
+        "plugin `{plugin}` would roll out over {kind}, which `{other}` (from {other_source}) already rolls out; one rollout per kind: delete that one first, or promote it"
+    )]
+    RolloutTaken {
+        /// name@version.
+        plugin: String,
+        /// The contested kind.
+        kind: String,
+        /// The rollout that has it.
+        other: String,
+        /// Where that one came from.
+        other_source: String,
+    },
+    /// The candidate cannot stand in for the active plugin parent by parent.
+    #[error("plugin `{plugin}` cannot be rolled out over `{active}`: {why}")]
+    RolloutMismatch {
+        /// name@version of the candidate.
+        plugin: String,
+        /// name@version of the active plugin.
+        active: String,
+        /// What differs and what to do.
+        why: String,
+    },
 }
+
+/// The annotation the host puts on a rollout's ConfigMap when it rolls the rollout back: the
+/// sha256 of the component rolled back. That build is not loaded from the ConfigMap again.
+pub const ROLLED_BACK: &str = "policy-host.io/rolled-back";
 
 /// The annotation the host puts on a plugin ConfigMap whose plugin a promoted shadow replaced:
 /// the name of the promoted ConfigMap. While that one exists, this one is not loaded.
@@ -113,6 +149,8 @@ impl RefusalError {
             RefusalError::TargetTaken { .. } => "PluginTargetTaken",
             RefusalError::ShadowTaken { .. } => "PluginShadowTaken",
             RefusalError::PoolFull { .. } => "PluginPoolFull",
+            RefusalError::RolloutTaken { .. } => "PluginRolloutTaken",
+            RefusalError::RolloutMismatch { .. } => "PluginRolloutMismatch",
         }
     }
 }
@@ -127,6 +165,8 @@ enum Candidate<'a> {
     },
     /// The shadow of its kind, replacing the shadow there.
     Shadow,
+    /// The rollout of its kind, replacing the rollout there.
+    Rollout,
 }
 
 /// A load that passed every check, ready to go into the store.
@@ -138,6 +178,8 @@ struct Swap {
     message: String,
     /// What a promotion replaces.
     replaced_source: Option<Replaced>,
+    /// For a rollout: its settings and state (kept from the rollout it changes).
+    rollout: Option<(RolloutSpec, Arc<RolloutState>)>,
 }
 
 /// The active plugin a promotion replaces.
@@ -154,6 +196,8 @@ struct Known {
     policy: Option<String>,
     /// The kind it shadows, when it loaded a shadow.
     shadowing: Option<String>,
+    /// The kind it rolls out over, when it loaded a rollout.
+    rolling_out: Option<String>,
     /// sha256 + settings of what was last tried, to skip re-lists and no-op updates.
     fingerprint: String,
 }
@@ -170,6 +214,8 @@ pub struct ConfigMapSource {
     trust: TrustPolicy,
     recorder: Recorder,
     known: HashMap<String, Known>,
+    /// Rollbacks already written on their ConfigMap: (source, component sha256).
+    marked_rolled_back: std::collections::HashSet<(String, String)>,
     /// Told once the first list is loaded.
     first_listed: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -217,6 +263,7 @@ impl ConfigMapSource {
             defaults,
             trust: TrustPolicy::default(),
             known: HashMap::new(),
+            marked_rolled_back: Default::default(),
             first_listed: None,
         }
     }
@@ -242,9 +289,16 @@ impl ConfigMapSource {
         tokio::pin!(shutdown);
         tracing::info!(namespace = %self.namespace, label = %format!("{PLUGIN_LABEL}=true"), "watching plugin ConfigMaps");
         let mut listed: Option<Vec<String>> = None;
+        let mut rollouts = self.store.subscribe_rollouts();
         loop {
             let event = tokio::select! {
                 event = events.next() => event,
+                changed = rollouts.changed() => {
+                    if changed.is_ok() {
+                        self.mark_rolled_back().await;
+                    }
+                    continue;
+                }
                 () = &mut shutdown => break,
             };
             match event {
@@ -297,6 +351,7 @@ impl ConfigMapSource {
         let previous = self.known.remove(&name);
         let previous_policy = previous.as_ref().and_then(|k| k.policy.clone());
         let previous_shadow = previous.as_ref().and_then(|k| k.shadowing.clone());
+        let previous_rollout = previous.as_ref().and_then(|k| k.rolling_out.clone());
         if let Some(promoted) = self.superseded_by(cm).await {
             self.superseded(cm, &source, &promoted, previous_policy.as_deref())
                 .await;
@@ -305,6 +360,7 @@ impl ConfigMapSource {
                 Known {
                     policy: None,
                     shadowing: None,
+                    rolling_out: None,
                     fingerprint,
                 },
             );
@@ -317,20 +373,41 @@ impl ConfigMapSource {
                 self.trust.verify(cm, &pack.sha256)?;
                 Ok(pack)
             });
+        if let Ok(pack) = &pack
+            && pack.mode == Mode::Rollout
+            && cm.annotations().get(ROLLED_BACK) == Some(&pack.sha256)
+        {
+            let rolling_out = self
+                .rolled_back_earlier(cm, &source, &pack.sha256, previous_rollout)
+                .await;
+            self.known.insert(
+                name,
+                Known {
+                    policy: None,
+                    shadowing: None,
+                    rolling_out,
+                    fingerprint,
+                },
+            );
+            return;
+        }
         let outcome = match pack {
             Err(error) => Err(error),
             Ok(pack) if pack.mode == Mode::Shadow => {
                 self.load_shadow(cm, &source, pack, previous_policy.as_deref())
                     .await
             }
+            Ok(pack) if pack.mode == Mode::Rollout => {
+                self.load_rollout(cm, &source, pack).await
+            }
             Ok(pack) => {
-                self.load(
-                    &source,
-                    pack,
-                    previous_policy.as_deref(),
-                    previous_shadow.as_deref(),
-                )
-                .await
+                // A shadow or a rollout of this ConfigMap turned active: a promotion.
+                let promoting = previous_shadow
+                    .as_deref()
+                    .map(|kind| (kind, "shadow"))
+                    .or(previous_rollout.as_deref().map(|kind| (kind, "rollout")));
+                self.load(&source, pack, previous_policy.as_deref(), promoting)
+                    .await
             }
         };
         let loaded = match outcome {
@@ -346,6 +423,14 @@ impl ConfigMapSource {
                             .list_shadows()
                             .into_iter()
                             .find(|s| s.plugin.info().target.to_string() == kind)
+                    })
+                    .or_else(|| {
+                        let kind = previous_rollout.as_deref()?;
+                        self.store
+                            .list_rollouts()
+                            .into_iter()
+                            .find(|r| r.policy.plugin.info().target.to_string() == kind)
+                            .map(|r| r.policy.clone())
                     })
                     .filter(|p| p.source == source)
                     .map(|p| format!("{} keeps running", p.plugin.label()))
@@ -364,6 +449,7 @@ impl ConfigMapSource {
                     Known {
                         policy: previous_policy,
                         shadowing: previous_shadow,
+                        rolling_out: previous_rollout,
                         fingerprint,
                     },
                 );
@@ -375,6 +461,7 @@ impl ConfigMapSource {
             outcome,
             message,
             replaced_source,
+            rollout,
         } = loaded;
         let plugin = loaded.plugin.clone();
         let info = plugin.info();
@@ -389,7 +476,28 @@ impl ConfigMapSource {
         );
         self.metrics.plugin_load(&source, outcome);
         let target = info.target.to_string();
-        let known = if outcome == "ShadowLoaded" {
+        let policy_name = loaded.name().to_string();
+        let rolls_out = rollout.is_some();
+        let known = if let Some((spec, state)) = rollout {
+            // A ConfigMap that turns from active or shadow to rollout unloads what it was.
+            if let Some(old) = previous_policy {
+                self.store.remove(&old);
+            }
+            if let Some(kind) = previous_shadow {
+                self.store.remove_shadow(&kind, &source);
+            }
+            self.store.insert_rollout(LoadedRollout {
+                policy: Arc::new(loaded),
+                spec,
+                state,
+            });
+            Known {
+                policy: None,
+                shadowing: None,
+                rolling_out: Some(target),
+                fingerprint,
+            }
+        } else if outcome == "ShadowLoaded" {
             // A ConfigMap that turns from active to shadow unloads its active plugin.
             if let Some(old) = previous_policy {
                 self.store.remove(&old);
@@ -398,6 +506,7 @@ impl ConfigMapSource {
             Known {
                 policy: None,
                 shadowing: Some(target),
+                rolling_out: None,
                 fingerprint,
             }
         } else {
@@ -420,9 +529,16 @@ impl ConfigMapSource {
             Known {
                 policy: Some(policy),
                 shadowing: None,
+                rolling_out: None,
                 fingerprint,
             }
         };
+        // A ConfigMap that no longer carries a rollout of its kind unloads it, after what it
+        // carries now is in: a promoted rollout's parents never pass through the old version.
+        if let Some(kind) = previous_rollout.filter(|kind| !rolls_out || *kind != target) {
+            self.store.remove_rollout(&kind, &source);
+            self.metrics.rollout_ended(&policy_name);
+        }
         self.record(
             cm,
             KubeEventType::Normal,
@@ -502,6 +618,7 @@ impl ConfigMapSource {
                     Known {
                         policy: None,
                         shadowing: None,
+                        rolling_out: None,
                         fingerprint: fingerprint(&cm),
                     },
                 );
@@ -542,13 +659,33 @@ impl ConfigMapSource {
             shadows.retain(|(target, _)| *target != target_of(loaded));
             shadows.push((target_of(loaded), loaded.plugin.slot_cost()));
         }
+        // A rollout's decisions come out of its kind's controller, any of them on either
+        // version: each of them may take the dearer version's slots.
+        let mut rollouts: Vec<(String, u32)> = self
+            .store
+            .list_rollouts()
+            .iter()
+            .map(|r| (target_of(&r.policy), r.policy.plugin.slot_cost()))
+            .collect();
+        if candidate == Candidate::Rollout {
+            rollouts.retain(|(target, _)| *target != target_of(loaded));
+            rollouts.push((target_of(loaded), loaded.plugin.slot_cost()));
+        }
         let at_once = |policy: &LoadedPolicy| {
             let concurrency = policy.concurrency.unwrap_or(self.defaults.concurrency);
             let shadow = shadows
                 .iter()
                 .find(|(target, _)| *target == target_of(policy))
                 .map_or(0, |(_, cost)| *cost);
-            (concurrency, policy.plugin.slot_cost(), shadow)
+            let rollout = rollouts
+                .iter()
+                .find(|(target, _)| *target == target_of(policy))
+                .map_or(0, |(_, cost)| *cost);
+            (
+                concurrency,
+                policy.plugin.slot_cost().max(rollout),
+                shadow,
+            )
         };
         let demand = match candidate {
             Candidate::Active { replacing } => {
@@ -561,7 +698,9 @@ impl ConfigMapSource {
                     .collect::<Vec<_>>();
                 instances_at_once(others.into_iter().chain([at_once(loaded)]))
             }
-            Candidate::Shadow => instances_at_once(self.store.list().iter().map(|p| at_once(p))),
+            Candidate::Shadow | Candidate::Rollout => {
+                instances_at_once(self.store.list().iter().map(|p| at_once(p)))
+            }
         };
         if demand > INSTANCE_SLOTS {
             return Err(RefusalError::PoolFull {
@@ -575,14 +714,14 @@ impl ConfigMapSource {
     }
 
     /// Compiles an active pack and checks it may take its name and kind: the swap to carry
-    /// out. A pack that was this ConfigMap's shadow (`previous_shadow`) is a promotion: it
-    /// takes the kind over from whichever ConfigMap had it.
+    /// out. A pack that was this ConfigMap's shadow or rollout (`promoting`: its kind, and
+    /// which it was) is a promotion: it takes the kind over from whichever ConfigMap had it.
     async fn load(
         &self,
         source: &str,
         pack: PluginPack,
         previous_policy: Option<&str>,
-        previous_shadow: Option<&str>,
+        promoting: Option<(&str, &str)>,
     ) -> Result<Swap, RefusalError> {
         let plugin = self.compile(source, &pack).await?;
         let loaded = LoadedPolicy {
@@ -597,13 +736,17 @@ impl ConfigMapSource {
         let label = loaded.plugin.label().to_string();
         let grants = loaded.grants.describe();
         let sha = short(loaded.plugin.content_sha256()).to_string();
-        let promoting = previous_shadow == Some(target.to_string().as_str());
-        if promoting && let Some(active) = self.store.active_for(target) {
+        let promoted_from = promoting
+            .filter(|(kind, _)| *kind == target.to_string())
+            .map(|(_, from)| from);
+        if let Some(from) = promoted_from
+            && let Some(active) = self.store.active_for(target)
+        {
             if active.source == source {
                 // Already this ConfigMap's own active plugin: an ordinary swap.
             } else {
                 let message = format!(
-                    "promoted {label} (sha256 {sha}) from shadow to active for {target}, replacing {} from {}; the next reconcile of each parent uses it",
+                    "promoted {label} (sha256 {sha}) from {from} to active for {target}, replacing {} from {}; the next reconcile of each parent uses it",
                     active.plugin.label(),
                     active.source
                 );
@@ -621,6 +764,7 @@ impl ConfigMapSource {
                         config_map,
                         policy: active.name().to_string(),
                     }),
+                    rollout: None,
                 });
             }
         }
@@ -669,6 +813,7 @@ impl ConfigMapSource {
             outcome,
             message,
             replaced_source: None,
+            rollout: None,
         })
     }
 
@@ -723,7 +868,188 @@ impl ConfigMapSource {
             outcome: "ShadowLoaded",
             message,
             replaced_source: None,
+            rollout: None,
         })
+    }
+
+    /// Compiles a rollout pack and checks it can stand in for its kind's active plugin parent
+    /// by parent: the same plugin (name: finalizer and child labels) with the same child kinds
+    /// (what the controller watches), from another ConfigMap, and no other rollout of the kind.
+    async fn load_rollout(
+        &self,
+        cm: &ConfigMap,
+        source: &str,
+        pack: PluginPack,
+    ) -> Result<Swap, RefusalError> {
+        let spec = pack.rollout.clone().unwrap_or_default();
+        let plugin = self.compile(source, &pack).await?;
+        let target = plugin.info().target.clone();
+        let label = plugin.label().to_string();
+        let existing = self.store.rollout_for(&target);
+        if let Some(other) = existing.as_ref().filter(|r| r.policy.source != source) {
+            return Err(RefusalError::RolloutTaken {
+                plugin: label,
+                kind: target.to_string(),
+                other: other.policy.plugin.label().to_string(),
+                other_source: other.policy.source.clone(),
+            });
+        }
+        let active = self.store.active_for(&target);
+        if let Some(active) = &active {
+            let mismatch = |why: String| RefusalError::RolloutMismatch {
+                plugin: label.clone(),
+                active: active.plugin.label().to_string(),
+                why,
+            };
+            let (ours, theirs) = (plugin.info(), active.plugin.info());
+            if active.source == source {
+                return Err(mismatch(format!(
+                    "this ConfigMap carries the active plugin of {target}; a rollout needs a ConfigMap of its own: pack the new version under another name (`policy-host pack --name {}-next --rollout ...`)",
+                    cm.name_any()
+                )));
+            }
+            if ours.name != theirs.name {
+                return Err(mismatch(format!(
+                    "it calls itself `{}` and the active plugin `{}`; a rollout is a new version of the same plugin (the name is in its parents' finalizer and its children's labels): load another plugin as active, or rename it",
+                    ours.name, theirs.name
+                )));
+            }
+        }
+        let loaded = LoadedPolicy {
+            plugin,
+            grants: pack.grants,
+            source: source.to_string(),
+            loaded_at: SystemTime::now(),
+            concurrency: Some(pack.concurrency),
+        };
+        if let Some(active) = &active
+            && loaded.child_kinds() != active.child_kinds()
+        {
+            return Err(RefusalError::RolloutMismatch {
+                plugin: label,
+                active: active.plugin.label().to_string(),
+                why: format!(
+                    "it declares the child kinds {:?} and the active plugin {:?}; the controller watches the active plugin's kinds only, so parents on either version would miss children: swap it in whole (data.mode: active), after trying it as a shadow",
+                    loaded.child_kinds(),
+                    active.child_kinds()
+                ),
+            });
+        }
+        let plugin = &loaded.plugin;
+        let sha = short(plugin.content_sha256()).to_string();
+        // The same build with new settings (a wider rollout) keeps its figures; a new build,
+        // or one rolled back, starts afresh.
+        let state = existing
+            .as_ref()
+            .filter(|r| {
+                r.policy.plugin.content_sha256() == plugin.content_sha256()
+                    && r.state.rolled_back().is_none()
+            })
+            .map(|r| r.state.clone());
+        let outcome = if state.is_some() {
+            "RolloutChanged"
+        } else {
+            "RolloutLoaded"
+        };
+        let over = match &active {
+            Some(active) => format!(
+                "over the active {} (from {})",
+                active.plugin.label(),
+                active.source
+            ),
+            None => "with no active plugin yet (it decides once one loads)".to_string(),
+        };
+        let message = format!(
+            "rolling out {label} (sha256 {sha}) for {target} {over}: it decides for {}; the active version for the rest. Widen it by changing data.rollout, promote it with data.mode: active (data.rollout removed), or delete ConfigMap {} to stop it",
+            spec.describe(),
+            cm.name_any()
+        );
+        self.check_pool(&loaded, Candidate::Rollout)?;
+        Ok(Swap {
+            loaded,
+            outcome,
+            message,
+            replaced_source: None,
+            rollout: Some((spec, state.unwrap_or_default())),
+        })
+    }
+
+    /// A rollout pack whose build the host rolled back earlier ([`ROLLED_BACK`]): not loaded
+    /// again. The rollback this host made stays in the store (its status says so); otherwise
+    /// (after a restart) the ConfigMap gets an Event saying how to try again. Returns the kind
+    /// of the rollout kept in the store.
+    async fn rolled_back_earlier(
+        &mut self,
+        cm: &ConfigMap,
+        source: &str,
+        sha256: &str,
+        previous_rollout: Option<String>,
+    ) -> Option<String> {
+        let kept = self.store.list_rollouts().into_iter().find(|r| {
+            r.policy.source == source
+                && r.policy.plugin.content_sha256() == sha256
+                && r.state.rolled_back().is_some()
+        });
+        if let Some(kept) = kept {
+            return Some(kept.policy.plugin.info().target.to_string());
+        }
+        if let Some(kind) = previous_rollout {
+            self.store.remove_rollout(&kind, source);
+        }
+        self.metrics.plugin_load(source, "RolledBack");
+        let message = format!(
+            "not loaded: this build (sha256 {}) was rolled back earlier (annotation {ROLLED_BACK}; the Events before say why); apply another build, or remove the annotation to roll it out again",
+            short(sha256)
+        );
+        self.record(cm, KubeEventType::Normal, "PluginRolledBack", message)
+            .await;
+        None
+    }
+
+    /// Writes every rollback the controllers made onto the rollout's ConfigMap: the annotation
+    /// [`ROLLED_BACK`], so no host loads that build from it again, and a Warning Event with
+    /// both versions' figures.
+    async fn mark_rolled_back(&mut self) {
+        let prefix = source_of(&self.namespace, "");
+        let rolled_back: Vec<Arc<LoadedRollout>> = self
+            .store
+            .list_rollouts()
+            .into_iter()
+            .filter(|r| r.state.rolled_back().is_some() && r.policy.source.starts_with(&prefix))
+            .collect();
+        for rollout in rolled_back {
+            let source = rollout.policy.source.clone();
+            let sha = rollout.policy.plugin.content_sha256().to_string();
+            if !self
+                .marked_rolled_back
+                .insert((source.clone(), sha.clone()))
+            {
+                continue;
+            }
+            let name = source.trim_start_matches(&prefix).to_string();
+            let reason = rollout.state.rolled_back().unwrap_or_default();
+            tracing::warn!(source = %source, plugin = rollout.policy.plugin.label(), %reason, "rollout rolled back");
+            self.metrics.plugin_load(&source, "RolledBack");
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+            let patch = serde_json::json!({ "metadata": { "annotations": { ROLLED_BACK: sha } } });
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(cm) => {
+                    let message = format!(
+                        "rolled back {} (sha256 {}): {reason}; every parent is back on the active version. This build is not loaded from this ConfigMap again (annotation {ROLLED_BACK}): apply a fixed build, or remove the annotation to roll it out again",
+                        rollout.policy.plugin.label(),
+                        short(&sha)
+                    );
+                    self.record(&cm, KubeEventType::Warning, "PluginRolledBack", message)
+                        .await;
+                }
+                Err(error) => {
+                    tracing::warn!(config_map = %name, error = %crate::api_error::api_error_text(&error), "cannot annotate the rolled-back rollout's ConfigMap; after a host restart it would roll out again: delete it");
+                }
+            }
+        }
     }
 
     async fn compile(&self, source: &str, pack: &PluginPack) -> Result<Plugin, RefusalError> {
@@ -744,6 +1070,27 @@ impl ConfigMapSource {
         if let Some(kind) = known.shadowing {
             self.store.remove_shadow(&kind, &source);
             tracing::info!(source = %source, kind = %kind, "shadow unloaded: its ConfigMap was deleted");
+            return;
+        }
+        if let Some(kind) = known.rolling_out {
+            let rollout = self
+                .store
+                .list_rollouts()
+                .into_iter()
+                .find(|r| r.policy.source == source);
+            self.store.remove_rollout(&kind, &source);
+            tracing::info!(source = %source, kind = %kind, "rollout unloaded: its ConfigMap was deleted; every parent returns to the active version");
+            if let Some(rollout) = rollout {
+                self.metrics.rollout_ended(rollout.policy.name());
+                if let Some(cm) = cm {
+                    let message = format!(
+                        "unloaded the rollout of {}: its ConfigMap was deleted; every parent of {kind} returns to the active version",
+                        rollout.policy.plugin.label()
+                    );
+                    self.record(cm, KubeEventType::Normal, "PluginUnloaded", message)
+                        .await;
+                }
+            }
             return;
         }
         let Some(policy) = known.policy else {
@@ -800,9 +1147,11 @@ fn fingerprint(cm: &ConfigMap) -> String {
         text.push_str(value);
         text.push('\n');
     }
-    if let Some(promoted) = cm.annotations().get(SUPERSEDED_BY) {
-        text.push_str(SUPERSEDED_BY);
-        text.push_str(promoted);
+    for annotation in [SUPERSEDED_BY, ROLLED_BACK] {
+        if let Some(value) = cm.annotations().get(annotation) {
+            text.push_str(annotation);
+            text.push_str(value);
+        }
     }
     super::pack::sha256_hex(text.as_bytes())
 }
@@ -827,6 +1176,7 @@ mod tests {
             limits: Limits::default(),
             concurrency,
             mode,
+            rollout: None,
         }
     }
 

@@ -9,7 +9,8 @@
 //! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
 //! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true, images: [redis]}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, whether its parents may ask for chaos drills ([`crate::chaos`]), the child kinds it may write, its pods' security level and images ([`crate::pod_inputs`]); absent means none (and any image) |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
-//! | `mode` | `data`, optional | `active` (default) or `shadow` |
+//! | `mode` | `data`, optional | `active` (default), `shadow` or `rollout` |
+//! | `rollout` | `data`, with `mode: rollout` only | YAML, e.g. `{selector: {matchLabels: {ring: canary}}, percent: 10, maxFailureRate: 0.2, minDecisions: 10}`: which parents the candidate decides for, and when it is rolled back ([`crate::rollout`]) |
 //! | `serial`, `signature`, `signedBy` | `data`, optional | the signature over all of the above and its key ([`crate::load::trust`]) |
 //!
 //! Reading a pack only decodes and checks what the ConfigMap says; compiling the component is
@@ -28,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::capability::scope::Grants;
 use crate::decide::{Limits, MAX_PLUGIN_MEMORY};
+use crate::rollout::RolloutSpec;
 
 /// The label that marks a ConfigMap as a plugin pack.
 pub const PLUGIN_LABEL: &str = "policy-host.io/plugin";
@@ -43,6 +45,8 @@ pub const GRANTS_KEY: &str = "grants";
 pub const LIMITS_KEY: &str = "limits";
 /// `data` key of the mode.
 pub const MODE_KEY: &str = "mode";
+/// `data` key of a rollout's settings.
+pub const ROLLOUT_KEY: &str = "rollout";
 
 /// Largest component a pack may decompress to: a bound on gzip bombs, far above any plugin.
 pub const MAX_COMPONENT_BYTES: usize = 32 << 20;
@@ -60,6 +64,20 @@ pub enum Mode {
     Active,
     /// Runs beside the active plugin of the same name; its decisions are only compared.
     Shadow,
+    /// Decides, and is acted on, for the parents its `data.rollout` selects; the active plugin
+    /// of its kind decides for the rest.
+    Rollout,
+}
+
+impl Mode {
+    /// How `data.mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Active => "active",
+            Mode::Shadow => "shadow",
+            Mode::Rollout => "rollout",
+        }
+    }
 }
 
 /// What an admin may set per plugin; every absent field takes the host's default.
@@ -131,8 +149,10 @@ pub struct PluginPack {
     pub limits: Limits,
     /// Parents reconciled at the same time.
     pub concurrency: u16,
-    /// Active or shadow.
+    /// Active, shadow or rollout.
     pub mode: Mode,
+    /// With [`Mode::Rollout`], which parents and when to roll back.
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// Why a ConfigMap is not a usable pack. Each says which ConfigMap and what to change.
@@ -214,12 +234,22 @@ pub enum PackError {
         message: String,
     },
     /// `data.mode` is neither `active` nor `shadow`.
-    #[error("ConfigMap {config_map}: data[\"{MODE_KEY}\"] = `{mode}`; write `active` or `shadow`")]
+    #[error(
+        "ConfigMap {config_map}: data[\"{MODE_KEY}\"] = `{mode}`; write `active`, `shadow` or `rollout`"
+    )]
     Mode {
         /// namespace/name.
         config_map: String,
         /// The mode as written.
         mode: String,
+    },
+    /// `data.rollout` is not valid, missing in mode `rollout`, or present in another mode.
+    #[error("ConfigMap {config_map}: data[\"{ROLLOUT_KEY}\"]: {message}")]
+    Rollout {
+        /// namespace/name.
+        config_map: String,
+        /// What is wrong and what to write.
+        message: String,
     },
 }
 
@@ -236,6 +266,7 @@ impl PackError {
             PackError::Grants { .. } => "PluginGrantsInvalid",
             PackError::Limits { .. } => "PluginLimitsInvalid",
             PackError::Mode { .. } => "PluginModeInvalid",
+            PackError::Rollout { .. } => "PluginRolloutInvalid",
         }
     }
 }
@@ -326,10 +357,36 @@ impl PluginPack {
         let mode = match data.get(MODE_KEY).map(|m| m.trim()) {
             None | Some("") | Some("active") => Mode::Active,
             Some("shadow") => Mode::Shadow,
+            Some("rollout") => Mode::Rollout,
             Some(other) => {
                 return Err(PackError::Mode {
                     config_map,
                     mode: other.to_string(),
+                });
+            }
+        };
+        let rollout_text = data.get(ROLLOUT_KEY).map(|t| t.trim());
+        let rollout = match (mode, rollout_text) {
+            (Mode::Rollout, None | Some("")) => {
+                return Err(PackError::Rollout {
+                    config_map,
+                    message: "mode `rollout` needs it: say which parents the new version decides for, e.g. `{selector: {matchLabels: {ring: canary}}, percent: 10, maxFailureRate: 0.2}`".to_string(),
+                });
+            }
+            (Mode::Rollout, Some(text)) => {
+                Some(RolloutSpec::parse(text).map_err(|message| PackError::Rollout {
+                    config_map: config_map.clone(),
+                    message,
+                })?)
+            }
+            (_, None) => None,
+            (_, Some(_)) => {
+                return Err(PackError::Rollout {
+                    config_map,
+                    message: format!(
+                        "it applies only to `mode: rollout`, and the mode is `{}`; to promote a rollout, set data.mode to active and remove data.rollout in the same change",
+                        mode.as_str()
+                    ),
                 });
             }
         };
@@ -348,6 +405,7 @@ impl PluginPack {
             limits,
             concurrency,
             mode,
+            rollout,
         })
     }
 }
@@ -429,8 +487,10 @@ pub struct PackOptions {
     pub grants: Grants,
     /// Limits to write (absent fields keep the host's defaults).
     pub limits: LimitsSpec,
-    /// Active or shadow.
+    /// Active, shadow or rollout.
     pub mode: Mode,
+    /// With [`Mode::Rollout`]: which parents the candidate decides for.
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// Builds a pack ConfigMap: the component gzip-compressed, its sha256 pinned, the label set.
@@ -457,14 +517,10 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
     if options.limits != LimitsSpec::default() {
         data.insert(LIMITS_KEY.to_string(), to_flow_yaml(&options.limits));
     }
-    data.insert(
-        MODE_KEY.to_string(),
-        match options.mode {
-            Mode::Active => "active",
-            Mode::Shadow => "shadow",
-        }
-        .to_string(),
-    );
+    data.insert(MODE_KEY.to_string(), options.mode.as_str().to_string());
+    if let Some(rollout) = options.rollout.as_ref() {
+        data.insert(ROLLOUT_KEY.to_string(), to_flow_yaml(rollout));
+    }
     Ok(ConfigMap {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(options.name.clone()),
@@ -521,6 +577,7 @@ mod tests {
                 ..Default::default()
             },
             mode: Mode::Active,
+            rollout: None,
         };
         to_config_map(COMPONENT, &options).expect("gzip into memory cannot fail")
     }
@@ -644,6 +701,64 @@ mod tests {
     fn grants_that_are_not_a_port_list_are_refused() {
         let error = refusal(&with_data(packed(), GRANTS_KEY, "appCall: {port: 1}"));
         assert!(matches!(error, PackError::Grants { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_rollout_needs_its_settings_and_only_a_rollout_has_them() {
+        let rollout = with_data(
+            with_data(packed(), MODE_KEY, "rollout"),
+            ROLLOUT_KEY,
+            "{selector: {matchLabels: {ring: canary}}, percent: 10}",
+        );
+        let pack = PluginPack::from_config_map(&rollout, &defaults()).expect("valid pack");
+        assert_eq!(pack.mode, Mode::Rollout);
+        assert_eq!(pack.rollout.map(|r| r.percent()), Some(10));
+        for (situation, cm, fragment) in [
+            (
+                "no settings",
+                with_data(packed(), MODE_KEY, "rollout"),
+                "needs it",
+            ),
+            (
+                "settings of an active pack",
+                with_data(packed(), ROLLOUT_KEY, "{percent: 10}"),
+                "remove data.rollout",
+            ),
+            (
+                "a percentage past 100",
+                with_data(
+                    with_data(packed(), MODE_KEY, "rollout"),
+                    ROLLOUT_KEY,
+                    "{percent: 120}",
+                ),
+                "0..=100",
+            ),
+        ] {
+            let error = refusal(&cm);
+            assert_eq!(error.reason(), "PluginRolloutInvalid", "{situation}");
+            assert!(error.to_string().contains(fragment), "{situation}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_packed_rollout_round_trips() {
+        let spec = crate::rollout::RolloutSpec::parse(
+            "{selector: {matchLabels: {ring: canary}}, percent: 5, maxFailureRate: 0.5}",
+        )
+        .expect("valid");
+        let cm = to_config_map(
+            COMPONENT,
+            &PackOptions {
+                name: "probe-next".into(),
+                mode: Mode::Rollout,
+                rollout: Some(spec.clone()),
+                ..Default::default()
+            },
+        )
+        .expect("gzip into memory cannot fail");
+        let pack = PluginPack::from_config_map(&cm, &defaults()).expect("valid pack");
+        assert_eq!(pack.mode, Mode::Rollout);
+        assert_eq!(pack.rollout, Some(spec));
     }
 
     #[test]

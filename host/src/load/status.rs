@@ -2,12 +2,18 @@
 //! [`STATUS_CONFIG_MAP`] in the plugin namespace, so an admin sees it with `kubectl` (the same
 //! entries as the admin endpoint's `/plugins`).
 //!
-//! One data key per plugin: its name for the active version, `<name>.shadow` for a shadow; each
-//! value is a small YAML document (version, mode, sha256, target, source, since, grants,
-//! limits). The host owns the object through server-side apply, so a key disappears when its
-//! plugin is unloaded.
+//! One data key per plugin: its name for the active version, `<name>.shadow` for a shadow,
+//! `<name>.rollout` for a staged rollout; each value is a small YAML document (version, mode,
+//! sha256, target, source, since, grants, limits; for a rollout also its settings, whether it
+//! runs or was rolled back and why, how many parents run each version, which run the new one,
+//! and both versions' recent figures). The host owns the object through server-side apply, so
+//! a key disappears when its plugin is unloaded.
+//!
+//! A rollout's figures change with every decision: while one is loaded, the ConfigMap is
+//! brought up to date every [`ROLLOUT_REFRESH`] at most, never once per decision.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
@@ -17,6 +23,9 @@ use crate::policy_store::PolicyStore;
 
 /// The status ConfigMap's name.
 pub const STATUS_CONFIG_MAP: &str = "policy-host-status";
+
+/// How often the status follows a running rollout's figures.
+pub const ROLLOUT_REFRESH: Duration = Duration::from_secs(5);
 
 /// The ConfigMap that describes what `store` holds now.
 pub fn status_config_map(store: &PolicyStore) -> ConfigMap {
@@ -30,6 +39,12 @@ pub fn status_config_map(store: &PolicyStore) -> ConfigMap {
         let summary = policy.summary(mode);
         let text = serde_yaml::to_string(&summary).unwrap_or_else(|e| format!("error: {e}\n"));
         data.insert(format!("{}{suffix}", policy.name()), text);
+    }
+    for rollout in store.list_rollouts() {
+        let active = store.active_for(&rollout.policy.plugin.info().target);
+        let summary = rollout.summary(active.as_deref());
+        let text = serde_yaml::to_string(&summary).unwrap_or_else(|e| format!("error: {e}\n"));
+        data.insert(format!("{}.rollout", rollout.policy.name()), text);
     }
     ConfigMap {
         metadata: ObjectMeta {
@@ -59,6 +74,7 @@ pub async fn publish(
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let mut policies = store.subscribe();
     let mut shadows = store.subscribe_shadows();
+    let mut rollouts = store.subscribe_rollouts();
     tokio::pin!(shutdown);
     let mut written: Option<BTreeMap<String, String>> = None;
     loop {
@@ -78,9 +94,17 @@ pub async fn publish(
                 ),
             }
         }
+        let refresh = async {
+            if store.list_rollouts().is_empty() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(ROLLOUT_REFRESH).await;
+        };
         tokio::select! {
             changed = policies.changed() => if changed.is_err() { break },
             changed = shadows.changed() => if changed.is_err() { break },
+            changed = rollouts.changed() => if changed.is_err() { break },
+            () = refresh => {}
             () = &mut shutdown => break,
         }
     }

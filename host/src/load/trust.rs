@@ -14,16 +14,22 @@
 //! limits:<data.limits exactly as written, empty when absent>
 //! mode:<data.mode exactly as written, empty when absent>
 //! serial:<data.serial>
+//! rollout:<data.rollout exactly as written>      (only when data.rollout is present)
 //! ```
 //!
 //! The signature covers everything a ConfigMap writer could otherwise turn against the key
 //! holder's approval (review L1): the code, the grants (what the plugin may reach), the mode (a
-//! shadow flipped to `active` starts writing), the limits (memory, deadline and concurrency
+//! shadow flipped to `active` starts writing), a rollout's settings (a canary widened to every
+//! parent, or its rollback threshold raised out of reach), the limits (memory, deadline and concurrency
 //! raised to the host's ceiling), and the name (a pack signed for one ConfigMap cannot stand in
 //! for another). The serial stops replays: the host remembers, per ConfigMap name, the highest
 //! serial it verified and refuses an older one (an earlier signed pack with a known bug). That
 //! memory lives in the host's process: a replay written while no host runs is refused only
 //! when it is older than what the host lists first on start.
+//!
+//! The `rollout:` line is there only when the pack has `data.rollout`, so every pack signed
+//! before rollouts existed verifies as it did; a serial is a whole number, so no pack without
+//! the line can be read as one with it (and the other way round).
 //!
 //! Packs signed by the previous scheme (`v1`: component and grants only, no serial) are refused
 //! with `PluginSignatureOutdated`, whatever they carry: accepting them would keep the hole open.
@@ -45,7 +51,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{PrivatePkcs8KeyDer, SubjectPublicKeyInfoDer};
 use sha2::{Digest, Sha256};
 
-use super::pack::{GRANTS_KEY, LIMITS_KEY, MODE_KEY, sha256_hex};
+use super::pack::{GRANTS_KEY, LIMITS_KEY, MODE_KEY, ROLLOUT_KEY, sha256_hex};
 
 /// `data` key of the signature: 128 hex digits.
 pub const SIGNATURE_KEY: &str = "signature";
@@ -107,7 +113,7 @@ pub enum TrustError {
     /// The signature does not verify: the name, component, grants, limits, mode or serial
     /// changed since signing.
     #[error(
-        "ConfigMap {config_map}: the signature by key {signed_by} does not match its name, component, grants, limits, mode and serial ({problem}); they were changed after signing: repack and sign again with `policy-host pack --sign`"
+        "ConfigMap {config_map}: the signature by key {signed_by} does not match its name, component, grants, limits, mode, rollout and serial ({problem}); they were changed after signing: repack and sign again with `policy-host pack --sign`"
     )]
     BadSignature {
         /// namespace/name.
@@ -165,14 +171,18 @@ pub fn key_id(public_key: &[u8]) -> String {
 /// (see the module docs).
 pub fn signed_message(cm: &ConfigMap, component_sha256: &str) -> Vec<u8> {
     let name = cm.metadata.name.as_deref().unwrap_or_default();
-    format!(
+    let mut message = format!(
         "policy-host plugin signature v2\nname:{name}\nsha256:{component_sha256}\ngrants:{}\nlimits:{}\nmode:{}\nserial:{}",
         data_text(cm, GRANTS_KEY),
         data_text(cm, LIMITS_KEY),
         data_text(cm, MODE_KEY),
         data_text(cm, SERIAL_KEY),
-    )
-    .into_bytes()
+    );
+    if let Some(rollout) = cm.data.as_ref().and_then(|d| d.get(ROLLOUT_KEY)) {
+        message.push_str("\nrollout:");
+        message.push_str(rollout);
+    }
+    message.into_bytes()
 }
 
 /// `data[key]` exactly as written, empty when absent.
@@ -606,6 +616,29 @@ mod tests {
             let error = keys.policy().verify(&flipped, SHA).expect_err("flipped");
             assert_eq!(error.reason(), "PluginSignatureInvalid", "mode {mode:?}");
         }
+    }
+
+    #[test]
+    fn a_widened_or_removed_rollout_under_a_signature_is_refused() {
+        let keys = Keys::new("rollout");
+        let canary = with_data(pack(None), MODE_KEY, "rollout");
+        let cm = signed(
+            &keys,
+            with_data(canary, ROLLOUT_KEY, "{percent: 5, maxFailureRate: 0.1}"),
+        );
+        assert_eq!(
+            keys.policy().verify(&cm, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        let widened = with_data(cm.clone(), ROLLOUT_KEY, "{percent: 100, maxFailureRate: 1}");
+        let error = keys.policy().verify(&widened, SHA).expect_err("widened");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+        let mut removed = cm;
+        if let Some(data) = removed.data.as_mut() {
+            data.remove(ROLLOUT_KEY);
+        }
+        let error = keys.policy().verify(&removed, SHA).expect_err("removed");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct PackRequest {
     pub limits: LimitsSpec,
     /// Shadow instead of active.
     pub shadow: bool,
+    /// A staged rollout over the active plugin instead of replacing it (wins over `shadow`).
+    pub rollout: Option<crate::rollout::RolloutSpec>,
     /// Sign the pack with this ed25519 private key (PEM, PKCS#8).
     pub sign: Option<PathBuf>,
     /// The signed pack's serial (`None`: the current Unix time in seconds).
@@ -152,11 +154,14 @@ pub async fn pack(
         namespace: request.namespace.clone(),
         grants,
         limits: request.limits.clone(),
-        mode: if request.shadow {
+        mode: if request.rollout.is_some() {
+            Mode::Rollout
+        } else if request.shadow {
             Mode::Shadow
         } else {
             Mode::Active
         },
+        rollout: request.rollout.clone(),
     };
     // Read the key and the CRDs before the work is done: a wrong path fails fast.
     let signer = request

@@ -38,4 +38,5 @@ mod plugin_trust;
 mod real_node;
 mod redis_replication;
 mod sharding;
+mod staged_rollout;
 mod steady_state;

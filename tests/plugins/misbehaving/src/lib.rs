@@ -33,7 +33,10 @@
 //!   or the error); with `spec.leak` = `status`, `event` or `log` it also puts the value
 //!   there (the host must refuse the first two and cut it out of the third).
 //!
-//! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized).
+//! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized), and
+//! `spec.trapIn: <version>` makes `reconcile` panic in that version only, whatever the
+//! behaviour (a bad build: a staged rollout test gives every parent `trapIn` and sees which
+//! parents ever ran that version).
 //!
 //! Its version is `MISBEHAVING_POLICY_VERSION` at build time (default: the crate version), and
 //! `ok` writes it into `status.pluginVersion`, so a hot-swap test can tell which build decided
@@ -122,6 +125,9 @@ mod plugin {
                 .unwrap_or("unnamed")
                 .to_string();
             let behaviour = parent["spec"]["behaviour"].as_str().unwrap_or("ok");
+            if parent["spec"]["trapIn"].as_str() == Some(VERSION) {
+                panic!("deliberate trap for {name}: version {VERSION} is the bad build");
+            }
             match behaviour {
                 "loop" => {
                     let mut n: u64 = 0;
