@@ -300,7 +300,10 @@ impl PolicyStore {
 
     /// Yields each time the rollout of the kind `target` is loaded, changed, rolled back or
     /// removed, so its controller can move every parent to the version it now gets at once.
-    pub fn rollout_changes(&self, target: &str) -> impl futures::Stream<Item = ()> + Send + 'static {
+    pub fn rollout_changes(
+        &self,
+        target: &str,
+    ) -> impl futures::Stream<Item = ()> + Send + 'static {
         let mut changes = self.rollouts.subscribe();
         let seen = |map: &BTreeMap<String, Arc<LoadedRollout>>, target: &str| {
             map.get(target)
@@ -308,17 +311,20 @@ impl PolicyStore {
         };
         let current = seen(&changes.borrow_and_update(), target);
         let state = (changes, current, target.to_string());
-        futures::stream::unfold(state, move |(mut changes, mut current, target)| async move {
-            loop {
-                changes.changed().await.ok()?;
-                let now = seen(&changes.borrow_and_update(), &target);
-                let changed = now != current;
-                current = now;
-                if changed {
-                    return Some(((), (changes, current, target)));
+        futures::stream::unfold(
+            state,
+            move |(mut changes, mut current, target)| async move {
+                loop {
+                    changes.changed().await.ok()?;
+                    let now = seen(&changes.borrow_and_update(), &target);
+                    let changed = now != current;
+                    current = now;
+                    if changed {
+                        return Some(((), (changes, current, target)));
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 
     /// A receiver that sees every change to the store.

@@ -167,7 +167,11 @@ impl RolloutSpec {
 
     /// Whether the parent with `labels` and `uid` runs the candidate, and why. The same parent
     /// gets the same answer every time; raising the percentage never takes one out.
-    pub fn selects(&self, labels: &BTreeMap<String, String>, uid: Option<&str>) -> Option<Selected> {
+    pub fn selects(
+        &self,
+        labels: &BTreeMap<String, String>,
+        uid: Option<&str>,
+    ) -> Option<Selected> {
         // Checked when the pack was read: a selector that does not convert selects nothing.
         if let Ok(Some(selector)) = self.label_selector()
             && selector.matches(labels)
@@ -371,7 +375,10 @@ impl RolloutState {
 
     /// Which parents run which version.
     pub fn census(&self) -> Census {
-        self.census.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.census
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Marks the rollout rolled back for `reason`; `true` for the first caller only.
@@ -408,7 +415,11 @@ mod tests {
         for uid in uids(200) {
             let first = spec.selects(&BTreeMap::new(), Some(uid.as_str()));
             for _ in 0..3 {
-                assert_eq!(spec.selects(&BTreeMap::new(), Some(uid.as_str())), first, "{uid}");
+                assert_eq!(
+                    spec.selects(&BTreeMap::new(), Some(uid.as_str())),
+                    first,
+                    "{uid}"
+                );
             }
             assert_eq!(bucket(&uid), bucket(&uid.clone()));
         }
@@ -446,14 +457,56 @@ mod tests {
         let canary = labels(&[("ring", "canary")]);
         let other = labels(&[("ring", "main")]);
         // (situation, data.rollout, labels, uid, selected)
-        let rows: Vec<(&str, &str, &BTreeMap<String, String>, Option<&str>, Option<Selected>)> = vec![
-            ("matching labels", "{selector: {matchLabels: {ring: canary}}}", &canary, Some(uid.as_str()), Some(Selected::ByLabels)),
-            ("other labels, no percent", "{selector: {matchLabels: {ring: canary}}}", &other, Some(uid.as_str()), None),
-            ("other labels, 100%", "{selector: {matchLabels: {ring: canary}}, percent: 100}", &other, Some(uid.as_str()), Some(Selected::ByPercent)),
-            ("an expression", "{selector: {matchExpressions: [{key: ring, operator: In, values: [canary, beta]}]}}", &canary, Some(uid.as_str()), Some(Selected::ByLabels)),
-            ("an empty selector selects every parent", "{selector: {}}", &other, Some(uid.as_str()), Some(Selected::ByLabels)),
+        let rows: Vec<(
+            &str,
+            &str,
+            &BTreeMap<String, String>,
+            Option<&str>,
+            Option<Selected>,
+        )> = vec![
+            (
+                "matching labels",
+                "{selector: {matchLabels: {ring: canary}}}",
+                &canary,
+                Some(uid.as_str()),
+                Some(Selected::ByLabels),
+            ),
+            (
+                "other labels, no percent",
+                "{selector: {matchLabels: {ring: canary}}}",
+                &other,
+                Some(uid.as_str()),
+                None,
+            ),
+            (
+                "other labels, 100%",
+                "{selector: {matchLabels: {ring: canary}}, percent: 100}",
+                &other,
+                Some(uid.as_str()),
+                Some(Selected::ByPercent),
+            ),
+            (
+                "an expression",
+                "{selector: {matchExpressions: [{key: ring, operator: In, values: [canary, beta]}]}}",
+                &canary,
+                Some(uid.as_str()),
+                Some(Selected::ByLabels),
+            ),
+            (
+                "an empty selector selects every parent",
+                "{selector: {}}",
+                &other,
+                Some(uid.as_str()),
+                Some(Selected::ByLabels),
+            ),
             ("no selector, 0%", "{}", &canary, Some(uid.as_str()), None),
-            ("no uid is never chosen by percent", "{percent: 100}", &other, None, None),
+            (
+                "no uid is never chosen by percent",
+                "{percent: 100}",
+                &other,
+                None,
+                None,
+            ),
         ];
         for (situation, text, labels, uid, expected) in rows {
             let spec = RolloutSpec::parse(text).expect(situation);
@@ -495,12 +548,42 @@ mod tests {
         let (ok, bad) = (false, true);
         // (situation, candidate outcomes, active outcomes, rolls back)
         let rows: Vec<(&str, Vec<bool>, Vec<bool>, bool)> = vec![
-            ("every candidate decision failed", vec![bad; 4], vec![ok; 10], true),
-            ("too few decisions to judge", vec![bad; 3], vec![ok; 10], false),
-            ("at the threshold is not above it", vec![bad, ok, ok, ok, ok], vec![ok; 10], false),
-            ("just above the threshold", vec![bad, ok, ok, bad, ok], vec![ok; 10], true),
-            ("the active version fails as much", vec![bad; 4], vec![bad; 4], false),
-            ("the active version fails less", vec![bad, bad, ok, ok], vec![bad, ok, ok, ok], true),
+            (
+                "every candidate decision failed",
+                vec![bad; 4],
+                vec![ok; 10],
+                true,
+            ),
+            (
+                "too few decisions to judge",
+                vec![bad; 3],
+                vec![ok; 10],
+                false,
+            ),
+            (
+                "at the threshold is not above it",
+                vec![bad, ok, ok, ok, ok],
+                vec![ok; 10],
+                false,
+            ),
+            (
+                "just above the threshold",
+                vec![bad, ok, ok, bad, ok],
+                vec![ok; 10],
+                true,
+            ),
+            (
+                "the active version fails as much",
+                vec![bad; 4],
+                vec![bad; 4],
+                false,
+            ),
+            (
+                "the active version fails less",
+                vec![bad, bad, ok, ok],
+                vec![bad, ok, ok, ok],
+                true,
+            ),
             ("no active decisions yet", vec![bad; 4], vec![], true),
             ("a healthy candidate", vec![ok; 50], vec![ok; 5], false),
             (
@@ -523,12 +606,19 @@ mod tests {
     #[test]
     fn the_rollback_reason_gives_both_versions_figures() {
         let spec = RolloutSpec::parse("{minDecisions: 2}").expect("valid");
-        let Verdict::RollBack(reason) = judge(&spec, &tally(&[true, true], &[false, true, false, false]))
+        let Verdict::RollBack(reason) =
+            judge(&spec, &tally(&[true, true], &[false, true, false, false]))
         else {
             panic!("expected a rollback");
         };
-        assert!(reason.contains("2 of its last 2 decisions failed (100%)"), "{reason}");
-        assert!(reason.contains("1 of its last 4 decisions failed (25%)"), "{reason}");
+        assert!(
+            reason.contains("2 of its last 2 decisions failed (100%)"),
+            "{reason}"
+        );
+        assert!(
+            reason.contains("1 of its last 4 decisions failed (25%)"),
+            "{reason}"
+        );
         assert!(reason.contains("maxFailureRate 20%"), "{reason}");
     }
 

@@ -282,9 +282,7 @@ pub async fn run(
             let (store, resource) = (parent_store.clone(), parent_resource.clone());
             let (failures, chaos, placements) =
                 (failures.clone(), chaos.clone(), placements.clone());
-            move |event| {
-                forget_departed(event, &store, &resource, &failures, &chaos, &placements)
-            }
+            move |event| forget_departed(event, &store, &resource, &failures, &chaos, &placements)
         })
         .applied_objects();
     let parents_listed = parent_store.clone();

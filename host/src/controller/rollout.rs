@@ -114,12 +114,15 @@ impl Placements {
 
     #[cfg(test)]
     pub(super) fn placed_for_test(&self, uid: &str) {
-        self.place(uid, Placement {
-            parent: format!("test/{uid}"),
-            sha256: "sha".into(),
-            label: "test@1".into(),
-            candidate: false,
-        });
+        self.place(
+            uid,
+            Placement {
+                parent: format!("test/{uid}"),
+                sha256: "sha".into(),
+                label: "test@1".into(),
+                candidate: false,
+            },
+        );
     }
 
     #[cfg(test)]
@@ -177,7 +180,11 @@ impl PolicyController {
         let selected = rollout
             .as_ref()
             .filter(|r| r.state.rolled_back().is_none())
-            .and_then(|r| r.spec.selects(parent.labels(), Some(uid.as_str())).map(|s| (r, s)));
+            .and_then(|r| {
+                r.spec
+                    .selects(parent.labels(), Some(uid.as_str()))
+                    .map(|s| (r, s))
+            });
         let (loaded, why) = match selected {
             Some((rollout, why)) => (rollout.policy.clone(), Some(why)),
             None => (active, None),
@@ -212,7 +219,10 @@ impl PolicyController {
                     ),
                     None => "the staged rollout no longer selects it".to_string(),
                 },
-                (None, None) => "the staged rollout ended (promoted, or its ConfigMap changed or was deleted)".to_string(),
+                (None, None) => {
+                    "the staged rollout ended (promoted, or its ConfigMap changed or was deleted)"
+                        .to_string()
+                }
             };
             let event = Event {
                 event_type: EventType::Normal,
@@ -341,17 +351,52 @@ mod tests {
         let (invalid, unavailable) = (api_error(422), api_error(503));
         // (situation, outcome, decided, blame)
         let rows: Vec<(&str, Result<(), &ReconcileError>, Option<bool>, Blame)> = vec![
-            ("decided and carried out", Ok(()), Some(false), Blame::Succeeded),
-            ("decided a Degraded parent", Ok(()), Some(true), Blame::Failed),
-            ("nothing decided (deferred)", Ok(()), None, Blame::NotCounted),
+            (
+                "decided and carried out",
+                Ok(()),
+                Some(false),
+                Blame::Succeeded,
+            ),
+            (
+                "decided a Degraded parent",
+                Ok(()),
+                Some(true),
+                Blame::Failed,
+            ),
+            (
+                "nothing decided (deferred)",
+                Ok(()),
+                None,
+                Blame::NotCounted,
+            ),
             ("a trap", Err(&trap), None, Blame::Failed),
             ("a refusal of its own", Err(&refused), None, Blame::Failed),
             ("no free sandbox slot", Err(&busy), None, Blame::NotCounted),
-            ("an action outside its grants", Err(&action_refused), Some(false), Blame::Failed),
-            ("an object the API server finds invalid", Err(&invalid), Some(false), Blame::Failed),
-            ("an API server in trouble", Err(&unavailable), Some(false), Blame::NotCounted),
+            (
+                "an action outside its grants",
+                Err(&action_refused),
+                Some(false),
+                Blame::Failed,
+            ),
+            (
+                "an object the API server finds invalid",
+                Err(&invalid),
+                Some(false),
+                Blame::Failed,
+            ),
+            (
+                "an API server in trouble",
+                Err(&unavailable),
+                Some(false),
+                Blame::NotCounted,
+            ),
             ("a stale view", Err(&stale), Some(false), Blame::NotCounted),
-            ("a full child cache", Err(&cache_full), None, Blame::NotCounted),
+            (
+                "a full child cache",
+                Err(&cache_full),
+                None,
+                Blame::NotCounted,
+            ),
         ];
         for (situation, outcome, decided, expected) in rows {
             assert_eq!(blame(&outcome, decided), expected, "{situation}");

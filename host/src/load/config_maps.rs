@@ -35,14 +35,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
-use crate::rollout::{RolloutSpec, RolloutState};
-use std::sync::Arc;
 use super::trust::{TrustError, TrustPolicy};
 use super::{LoadError, PluginLoader};
 use crate::decide::Plugin;
 use crate::decide::sandbox::{INSTANCE_SLOTS, SHADOW_RUNS_IN_FLIGHT};
 use crate::metrics::Metrics;
 use crate::policy_store::{LoadedPolicy, LoadedRollout, PolicyStore};
+use crate::rollout::{RolloutSpec, RolloutState};
+use std::sync::Arc;
 
 /// Why a valid plugin from a ConfigMap was still not swapped in.
 #[derive(Debug, thiserror::Error)]
@@ -397,9 +397,7 @@ impl ConfigMapSource {
                 self.load_shadow(cm, &source, pack, previous_policy.as_deref())
                     .await
             }
-            Ok(pack) if pack.mode == Mode::Rollout => {
-                self.load_rollout(cm, &source, pack).await
-            }
+            Ok(pack) if pack.mode == Mode::Rollout => self.load_rollout(cm, &source, pack).await,
             Ok(pack) => {
                 // A shadow or a rollout of this ConfigMap turned active: a promotion.
                 let promoting = previous_shadow
@@ -681,11 +679,7 @@ impl ConfigMapSource {
                 .iter()
                 .find(|(target, _)| *target == target_of(policy))
                 .map_or(0, |(_, cost)| *cost);
-            (
-                concurrency,
-                policy.plugin.slot_cost().max(rollout),
-                shadow,
-            )
+            (concurrency, policy.plugin.slot_cost().max(rollout), shadow)
         };
         let demand = match candidate {
             Candidate::Active { replacing } => {

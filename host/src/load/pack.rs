@@ -374,10 +374,12 @@ impl PluginPack {
                 });
             }
             (Mode::Rollout, Some(text)) => {
-                Some(RolloutSpec::parse(text).map_err(|message| PackError::Rollout {
-                    config_map: config_map.clone(),
-                    message,
-                })?)
+                Some(
+                    RolloutSpec::parse(text).map_err(|message| PackError::Rollout {
+                        config_map: config_map.clone(),
+                        message,
+                    })?,
+                )
             }
             (_, None) => None,
             (_, Some(_)) => {

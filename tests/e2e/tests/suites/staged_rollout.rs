@@ -115,7 +115,11 @@ async fn status_entry(
 }
 
 /// The Events with `reason` about the object called `name`.
-async fn events_about(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Result<Vec<String>> {
+async fn events_about(
+    events: &Api<Event>,
+    name: &str,
+    reason: &str,
+) -> anyhow::Result<Vec<String>> {
     Ok(events
         .list(&ListParams::default())
         .await?
@@ -151,7 +155,11 @@ async fn release(api: &Api<DynamicObject>, names: &[&str]) {
 fn names(entry: &Value, field: &str) -> Vec<String> {
     entry["rollout"][field]
         .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -178,10 +186,22 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
 
     plugins::apply_pack(&config_maps, packed(ACTIVE_PACK, &v2, None)?, MANAGER).await?;
     for name in canaries {
-        apply_probe(&api, name, &[("ring", "canary")], json!({ "behaviour": "ok" })).await?;
+        apply_probe(
+            &api,
+            name,
+            &[("ring", "canary")],
+            json!({ "behaviour": "ok" }),
+        )
+        .await?;
     }
     for name in others {
-        apply_probe(&api, name, &[("ring", "main")], json!({ "behaviour": "ok" })).await?;
+        apply_probe(
+            &api,
+            name,
+            &[("ring", "main")],
+            json!({ "behaviour": "ok" }),
+        )
+        .await?;
     }
     for name in &all {
         wait_decided_by(&api, name, "2.0.0").await?;
@@ -189,8 +209,14 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
 
     // 3.0.0 rolled out to the canaries: they move to it, the others stay.
     let rollout = "{selector: {matchLabels: {ring: canary}}, maxFailureRate: 0.5, minDecisions: 4}";
-    plugins::apply_pack(&config_maps, packed(ROLLOUT_PACK, &v3, Some(rollout))?, MANAGER).await?;
-    let loaded = plugins::event_about(&events, ROLLOUT_PACK, "PluginRolloutLoaded", |_| true).await?;
+    plugins::apply_pack(
+        &config_maps,
+        packed(ROLLOUT_PACK, &v3, Some(rollout))?,
+        MANAGER,
+    )
+    .await?;
+    let loaded =
+        plugins::event_about(&events, ROLLOUT_PACK, "PluginRolloutLoaded", |_| true).await?;
     let note = loaded.note.unwrap_or_default();
     assert!(
         note.contains("over the active misbehaving@2.0.0") && note.contains("ring=canary"),
@@ -228,12 +254,25 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
 
     // 3.0.0 turns bad: every parent now asks to trap in 3.0.0. Only the canaries run it.
     for name in canaries {
-        apply_probe(&api, name, &[("ring", "canary")], json!({ "behaviour": "ok", "trapIn": "3.0.0" })).await?;
+        apply_probe(
+            &api,
+            name,
+            &[("ring", "canary")],
+            json!({ "behaviour": "ok", "trapIn": "3.0.0" }),
+        )
+        .await?;
     }
     for name in others {
-        apply_probe(&api, name, &[("ring", "main")], json!({ "behaviour": "ok", "trapIn": "3.0.0" })).await?;
+        apply_probe(
+            &api,
+            name,
+            &[("ring", "main")],
+            json!({ "behaviour": "ok", "trapIn": "3.0.0" }),
+        )
+        .await?;
     }
-    let rolled_back = plugins::event_about(&events, ROLLOUT_PACK, "PluginRolledBack", |_| true).await?;
+    let rolled_back =
+        plugins::event_about(&events, ROLLOUT_PACK, "PluginRolledBack", |_| true).await?;
     assert_eq!(rolled_back.type_.as_deref(), Some("Warning"));
     let note = rolled_back.note.unwrap_or_default();
     for fragment in [
@@ -253,12 +292,16 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
     for name in canaries {
         let moved = events_about(&events, name, "PluginVersionChanged").await?;
         assert!(
-            moved.iter().any(|n| n.contains("now decided by misbehaving@2.0.0")
-                && n.contains("was rolled back")),
+            moved
+                .iter()
+                .any(|n| n.contains("now decided by misbehaving@2.0.0")
+                    && n.contains("was rolled back")),
             "{name}: {moved:?}"
         );
         assert!(
-            !events_about(&events, name, "PluginCrashed").await?.is_empty(),
+            !events_about(&events, name, "PluginCrashed")
+                .await?
+                .is_empty(),
             "{name} ran the bad build"
         );
     }
@@ -286,7 +329,10 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
         candidate["recentDecisions"].as_u64().unwrap_or_default(),
     );
     assert!(decided >= 4 && failed * 2 > decided, "{entry}");
-    assert_eq!(entry["rollout"]["active"]["decisions"]["recentFailed"], 0, "{entry}");
+    assert_eq!(
+        entry["rollout"]["active"]["decisions"]["recentFailed"], 0,
+        "{entry}"
+    );
     let annotated = config_maps.get(ROLLOUT_PACK).await?;
     assert_eq!(
         annotated.annotations().get("policy-host.io/rolled-back"),
@@ -295,9 +341,10 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
     );
     let text = metrics(admin).await?;
     assert!(
-        text.lines().any(|l| l.starts_with("policy_host_rollout_decisions_total")
-            && l.contains("version=\"misbehaving@3.0.0\"")
-            && l.contains("outcome=\"failed\"")),
+        text.lines()
+            .any(|l| l.starts_with("policy_host_rollout_decisions_total")
+                && l.contains("version=\"misbehaving@3.0.0\"")
+                && l.contains("outcome=\"failed\"")),
         "a failure count of the candidate:\n{text}"
     );
 
@@ -308,7 +355,13 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
         n.starts_with("not loaded")
     })
     .await?;
-    apply_probe(&api, "canary-a", &[("ring", "canary")], json!({ "behaviour": "ok", "trapIn": "3.0.0", "touch": 1 })).await?;
+    apply_probe(
+        &api,
+        "canary-a",
+        &[("ring", "canary")],
+        json!({ "behaviour": "ok", "trapIn": "3.0.0", "touch": 1 }),
+    )
+    .await?;
     wait_decided_by(&api, "canary-a", "2.0.0").await?;
 
     host.stop().await;
@@ -323,7 +376,8 @@ async fn a_bad_version_runs_only_on_its_selected_parents_and_is_rolled_back() ->
 async fn a_good_version_is_widened_step_by_step_and_promoted() -> anyhow::Result<()> {
     init_logging();
     let v2 = build("2.0.0")?;
-    let v4 = policy_host_test_plugins::build_version("4.0.0").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let v4 =
+        policy_host_test_plugins::build_version("4.0.0").map_err(|e| anyhow::anyhow!("{e}"))?;
     let env = shared_node().await?;
     let client = env.client().await?;
     install_crd_object(&client, probe_crd()?).await?;
@@ -373,14 +427,23 @@ async fn a_good_version_is_widened_step_by_step_and_promoted() -> anyhow::Result
     .await?;
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), yaml)?;
-    kubectl(&["apply", "--server-side", "-f", &file.path().display().to_string()])?;
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &file.path().display().to_string(),
+    ])?;
     plugins::event_about(&events, ROLLOUT_PACK, "PluginRolloutLoaded", |_| true).await?;
     for name in &all {
         wait_decided_by(&api, name, "2.0.0").await?;
     }
     kubectl(&["label", "probes", "canary-a", "canary-b", "ring=canary"])?;
     for name in &all {
-        let expected = if canaries.contains(name) { "4.0.0" } else { "2.0.0" };
+        let expected = if canaries.contains(name) {
+            "4.0.0"
+        } else {
+            "2.0.0"
+        };
         wait_decided_by(&api, name, expected).await?;
     }
 
@@ -427,7 +490,10 @@ async fn a_good_version_is_widened_step_by_step_and_promoted() -> anyhow::Result
     })
     .await?;
     assert_eq!(entry["rollout"]["state"], "Running");
-    assert_eq!(entry["rollout"]["candidate"]["decisions"]["recentFailed"], 0, "{entry}");
+    assert_eq!(
+        entry["rollout"]["candidate"]["decisions"]["recentFailed"], 0,
+        "{entry}"
+    );
     let text = metrics(admin).await?;
     assert!(
         text.contains(&format!(
@@ -475,7 +541,13 @@ async fn a_good_version_is_widened_step_by_step_and_promoted() -> anyhow::Result
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["version"], "4.0.0");
     assert_eq!(listed[0]["mode"], "active");
-    apply_probe(&api, "main-a", &[], json!({ "behaviour": "ok", "touch": 1 })).await?;
+    apply_probe(
+        &api,
+        "main-a",
+        &[],
+        json!({ "behaviour": "ok", "touch": 1 }),
+    )
+    .await?;
     wait_decided_by(&api, "main-a", "4.0.0").await?;
     // No parent moved back at the promotion: it already ran the promoted build.
     for name in &all {
