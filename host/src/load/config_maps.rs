@@ -484,6 +484,10 @@ impl ConfigMapSource {
             if let Some(kind) = previous_shadow {
                 self.store.remove_shadow(&kind, &source);
             }
+            // A fresh rollout of a build rolled back before (its annotation removed to try
+            // again) is marked again if it rolls back again.
+            self.marked_rolled_back
+                .remove(&(source.clone(), plugin.content_sha256().to_string()));
             self.store.insert_rollout(LoadedRollout {
                 policy: Arc::new(loaded),
                 spec,
