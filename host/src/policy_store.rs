@@ -119,13 +119,18 @@ impl LoadedRollout {
         let census = self.state.census();
         let candidate = self.policy.plugin.label();
         let over = active.map(|a| a.plugin.label().to_string());
+        let state = if self.state.rolled_back().is_some() {
+            "RolledBack"
+        } else {
+            "Running"
+        };
         summary["rollout"] = serde_json::json!({
             "over": over,
             "selector": self.spec.selector,
             "percent": self.spec.percent(),
             "maxFailureRate": self.spec.max_failure_rate(),
             "minDecisions": self.spec.min_decisions(),
-            "state": if self.state.rolled_back().is_some() { "RolledBack" } else { "Running" },
+            "state": state,
             "rolledBack": self.state.rolled_back(),
             "parents": { "candidate": census.candidate, "active": census.active },
             "onCandidate": census.on_candidate,
