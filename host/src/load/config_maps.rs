@@ -496,7 +496,7 @@ impl ConfigMapSource {
             Known {
                 policy: None,
                 shadowing: None,
-                rolling_out: Some(target),
+                rolling_out: Some(target.clone()),
                 fingerprint,
             }
         } else if outcome == "ShadowLoaded" {
@@ -507,7 +507,7 @@ impl ConfigMapSource {
             self.store.insert_shadow(loaded);
             Known {
                 policy: None,
-                shadowing: Some(target),
+                shadowing: Some(target.clone()),
                 rolling_out: None,
                 fingerprint,
             }
