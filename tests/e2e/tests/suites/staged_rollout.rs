@@ -391,7 +391,7 @@ async fn a_good_version_is_widened_step_by_step_and_promoted() -> anyhow::Result
     let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
     let kubectl = |args: &[&str]| {
-        let mut all = vec!["-n", namespace.as_str()];
+        let mut all = vec!["-n", &*namespace];
         all.extend_from_slice(args);
         policy_host_e2e::install::kubectl(env, &all)
     };
