@@ -457,13 +457,14 @@ mod tests {
         let canary = labels(&[("ring", "canary")]);
         let other = labels(&[("ring", "main")]);
         // (situation, data.rollout, labels, uid, selected)
-        let rows: Vec<(
-            &str,
-            &str,
-            &BTreeMap<String, String>,
-            Option<&str>,
+        type Row<'a> = (
+            &'a str,
+            &'a str,
+            &'a BTreeMap<String, String>,
+            Option<&'a str>,
             Option<Selected>,
-        )> = vec![
+        );
+        let rows: Vec<Row> = vec![
             (
                 "matching labels",
                 "{selector: {matchLabels: {ring: canary}}}",

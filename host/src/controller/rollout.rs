@@ -350,7 +350,9 @@ mod tests {
         };
         let (invalid, unavailable) = (api_error(422), api_error(503));
         // (situation, outcome, decided, blame)
-        let rows: Vec<(&str, Result<(), &ReconcileError>, Option<bool>, Blame)> = vec![
+        /// (situation, outcome, decided, blame)
+        type Row<'a> = (&'a str, Result<(), &'a ReconcileError>, Option<bool>, Blame);
+        let rows: Vec<Row> = vec![
             (
                 "decided and carried out",
                 Ok(()),
