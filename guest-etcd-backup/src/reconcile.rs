@@ -202,6 +202,7 @@ pub fn reconcile(
     Ok(Decision {
         actions: step.actions,
         requeue_after_ms: step.requeue_ms,
+        metrics: Vec::new(),
     })
 }
 

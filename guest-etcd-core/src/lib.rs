@@ -24,11 +24,13 @@
 //! - [`pod_steps`] — what the one-shot containers of a backup or restore Pod report.
 //! - [`schedule`] — the backup schedule: durations, times, when a snapshot is due.
 //! - [`reconcile`] — the decisions, and the status conditions they report.
+//! - [`metrics`] — the domain metrics each decision reports (members, leader, backups).
 
 pub mod children;
 pub mod classic;
 pub mod etcd_api;
 pub mod maintenance;
+pub mod metrics;
 pub mod pod_steps;
 pub mod reconcile;
 pub mod schedule;
@@ -77,6 +79,10 @@ impl Plugin for EtcdPlugin {
             // so no finalizer (and the SDK's default `finalize`).
             wants_finalizer: false,
         }
+    }
+
+    fn metrics() -> Vec<policy_host_sdk::metrics::Metric> {
+        metrics::declared()
     }
 
     fn reconcile(

@@ -479,6 +479,10 @@ pub struct EtcdClusterStatus {
     /// The members etcd reports, with their IDs and roles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub etcd_members: Vec<MemberStatus>,
+    /// The member that leads, as the member the plugin asked last reported it (absent while
+    /// no member answered yet). A change of it is counted in the leader-changes metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
     /// etcd's cluster ID (decimal), once the cluster answered.
     #[serde(default, rename = "clusterID", skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,

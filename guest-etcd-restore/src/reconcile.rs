@@ -53,6 +53,7 @@ pub fn reconcile(observation: &Observation) -> Result<Decision, PolicyError> {
     Ok(Decision {
         actions: step.actions,
         requeue_after_ms: None,
+        metrics: Vec::new(),
     })
 }
 

@@ -14,6 +14,7 @@
 //! - [`credentials`] — the passwords, from the host's credential call.
 //! - [`children`] — the Pods, claims, Services, budget and server configuration.
 //! - [`reconcile`] — the decisions (pure; table-tested natively).
+//! - [`metrics`] — the domain metrics each decision reports (failovers, errant replicas, lag).
 //!
 //! This file is the only one that talks to the servers: it gathers [`reconcile::Facts`]
 //! through sessions and carries out the [`reconcile::Plan`]'s commands.
@@ -21,6 +22,7 @@
 pub mod children;
 pub mod credentials;
 pub mod gtid;
+pub mod metrics;
 pub mod probe;
 pub mod reconcile;
 pub mod spec;
@@ -80,6 +82,10 @@ impl Plugin for MariaDbPlugin {
         }
     }
 
+    fn metrics() -> Vec<policy_host_sdk::metrics::Metric> {
+        metrics::declared()
+    }
+
     fn reconcile(
         observation: &Observation,
         app: &mut dyn AppCall,
@@ -100,6 +106,7 @@ impl Plugin for MariaDbPlugin {
         Ok(Decision {
             actions: plan.actions,
             requeue_after_ms: plan.requeue_after_ms,
+            metrics: plan.metrics,
         })
     }
 }

@@ -499,6 +499,8 @@ mod tests {
         events: Vec<String>,
         /// Pods the plugin deleted, in order.
         deleted: Vec<String>,
+        /// What the decisions added to the failovers counter (each was carried out).
+        failovers: u64,
     }
 
     impl Run {
@@ -517,6 +519,7 @@ mod tests {
                 held_down: BTreeSet::new(),
                 events: Vec::new(),
                 deleted: Vec::new(),
+                failovers: 0,
             }
         }
 
@@ -528,6 +531,7 @@ mod tests {
             assert!(writable.len() <= 1, "two servers take writes: {writable:?}");
             self.events
                 .extend(decision.events().iter().map(|e| e.reason.clone()));
+            self.failovers += decision.counted(&crate::metrics::FAILOVERS, &[]);
             let mut carried = decision.clone();
             if !keep_status {
                 carried
@@ -699,6 +703,8 @@ mod tests {
                 run.events
             );
         }
+        // Counted once, in the decision that promoted, over the eight decisions around it.
+        assert_eq!(run.failovers, 1, "failovers counted: {:?}", run.events);
         // The old primary comes back on its data and rejoins as a replica.
         run.release("db-0");
         run.steps(4);
@@ -711,6 +717,7 @@ mod tests {
             .expect("the new primary takes writes");
         run.steps(1);
         assert!(run.cluster.executed("db-0").contains(&written));
+        assert_eq!(run.failovers, 1, "the old primary's return is no failover");
     }
 
     #[test]

@@ -189,6 +189,8 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// When to look again.
     pub requeue_after_ms: Option<u64>,
+    /// The domain metrics of this decision ([`crate::metrics`]).
+    pub metrics: Vec<policy_host_sdk::metrics::Sample>,
 }
 
 /// What the decision concluded about the cluster, for the status.
@@ -241,6 +243,7 @@ pub fn decide(facts: &Facts) -> Plan {
             commands: Vec::new(),
             actions,
             requeue_after_ms: None,
+            metrics: Vec::new(),
         };
     }
 
@@ -422,7 +425,26 @@ pub fn decide(facts: &Facts) -> Plan {
         );
     }
     actions.push(status_action(&status));
+    let metrics = crate::metrics::report(&crate::metrics::Seen {
+        status: &status,
+        desired: facts.spec.replicas,
+        primary_pos: primary_probe.map(|p| &p.binlog_pos),
+        replicas: facts
+            .servers
+            .iter()
+            .filter(|s| Some(s.name.as_str()) != verdict.primary.as_deref())
+            .filter_map(|s| Some((s.name.as_str(), &s.answer()?.current_pos)))
+            .collect(),
+        events: actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::RecordEvent(event) => Some(event.reason.as_str()),
+                _ => None,
+            })
+            .collect(),
+    });
     Plan {
+        metrics,
         commands,
         actions,
         requeue_after_ms: Some(if converged {
@@ -2117,6 +2139,37 @@ mod tests {
             assert_eq!(got.deleted, row.deleted, "{}: deleted", row.situation);
             assert_eq!(got.degraded, row.degraded, "{}: Degraded", row.situation);
             assert_eq!(got.events, row.events, "{}: events", row.situation);
+            // The metrics say what the decision did: a failover or switchover counted in the
+            // decision that records it, the errant replicas it lists.
+            let decision = Decision {
+                metrics: plan.metrics.clone(),
+                ..Decision::default()
+            };
+            assert_eq!(
+                policy_host_sdk::metrics::check(&crate::metrics::declared(), &plan.metrics),
+                Ok(()),
+                "{}: metrics declared",
+                row.situation
+            );
+            for (counter, reason) in [
+                (&crate::metrics::FAILOVERS, "Failover"),
+                (&crate::metrics::SWITCHOVERS, "Switchover"),
+            ] {
+                let recorded = got.events.iter().filter(|e| *e == reason).count();
+                assert_eq!(
+                    decision.counted(counter, &[]),
+                    recorded as u64,
+                    "{}: {} counted",
+                    row.situation,
+                    counter.name
+                );
+            }
+            assert_eq!(
+                decision.gauge_value(&crate::metrics::ERRANT_REPLICAS, &[]),
+                Some(got.errant.len() as f64),
+                "{}: errant replicas",
+                row.situation
+            );
             for (pod, role) in &got.roles {
                 let want = if Some(pod.as_str()) == row.primary {
                     "primary"

@@ -79,6 +79,7 @@ impl Plugin for RedisPlugin {
         Ok(Decision {
             actions: plan.actions,
             requeue_after_ms: plan.requeue_after_ms,
+            metrics: Vec::new(),
         })
     }
 }

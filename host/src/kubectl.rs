@@ -4,7 +4,7 @@
 //! the decision the loaded plugin would make on the live parent's observation, without acting.
 //!
 //! Every command is a function of the API server's answers and returns the text to print, so
-//! the tests run them against a real API server in-process; the `kubectl-policy-host` binary
+//! the tests run them against a real API server in-process; the `kubectl-policy_host` binary
 //! is the thin edge that parses arguments and prints. App-specific commands ask nothing of
 //! the plugin: they write the field or annotation its CRD documents (`spec.paused`,
 //! `spec.trigger` or `spec.backup.trigger`, `<group>/switchover-to`) and refuse a kind whose

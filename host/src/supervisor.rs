@@ -322,5 +322,6 @@ async fn stop(name: &str, controller: RunningController, metrics: &Metrics, heal
         task.abort();
     }
     metrics.controller_running(name, false);
+    metrics.plugin_policy_gone(name);
     health.controller_stopped(name);
 }

@@ -1,9 +1,9 @@
 //! The host serves every contract version it promises: a plugin built against the frozen 0.1.0
 //! WIT (`tests/plugins/contract-v0-1`), one built against the frozen 0.2.0
-//! (`tests/plugins/contract-v0-2`) and one built against the current 0.2.2 (`guest-redis`) all
+//! (`tests/plugins/contract-v0-2`) and one built against the current 0.2.3 (`guest-redis`) all
 //! pass the load check, describe themselves and decide; 0.1 through its own bindings, 0.2.0
-//! through the current ones (wasmtime links semver-compatible names; a 0.2.1 plugin takes the
-//! same path). The 0.2.2 plugin's
+//! through the current ones (wasmtime links semver-compatible names; 0.2.1 and 0.2.2 plugins,
+//! which import no `metrics`, take the same path). The 0.2.3 plugin's
 //! exchanges are answered by a scripted scope, as in `simulate` and shadow mode.
 
 use policy_host::capability::replay::AppCallScript;
@@ -92,7 +92,7 @@ async fn decides_with_one_app_call(package: &str, contract: &str, name: &str, su
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_built_against_0_1_loads_and_decides_unchanged() {
-    assert_eq!(CONTRACT_VERSION, "0.2.2");
+    assert_eq!(CONTRACT_VERSION, "0.2.3");
     decides_with_one_app_call("contract-v0-1-policy", "0.1.0", "legacy-v01", "v01").await;
 }
 
@@ -142,7 +142,7 @@ fn round(pod: &str, request: Vec<u8>, reply: Vec<u8>) -> ExchangeRound {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_built_against_0_2_exchanges_bytes_through_a_scripted_scope() {
     let plugin = load("guest-redis").await;
-    assert_eq!(plugin.contract_version(), "0.2.2");
+    assert_eq!(plugin.contract_version(), "0.2.3");
     assert_eq!(
         plugin.info().capabilities,
         [Capability::Exchange("redis".into())]

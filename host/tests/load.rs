@@ -28,10 +28,10 @@ async fn refusal(bytes: &[u8]) -> LoadError {
     }
 }
 
-/// Rewrites every `policy-host:policy/...@0.2.2` name to `@0.9.0` (same length, so the binary
+/// Rewrites every `policy-host:policy/...@0.2.3` name to `@0.9.0` (same length, so the binary
 /// stays valid): the component a plugin author gets when building against a newer WIT.
 fn built_against_newer_contract(bytes: &[u8]) -> Vec<u8> {
-    let (from, to) = (b"@0.2.2".as_slice(), b"@0.9.0".as_slice());
+    let (from, to) = (b"@0.2.3".as_slice(), b"@0.9.0".as_slice());
     let mut out = bytes.to_vec();
     let mut i = 0;
     while i + from.len() <= out.len() {
@@ -40,6 +40,7 @@ fn built_against_newer_contract(bytes: &[u8]) -> Vec<u8> {
             || out[..i].ends_with(b"types")
             || out[..i].ends_with(b"exchange")
             || out[..i].ends_with(b"credentials")
+            || out[..i].ends_with(b"metrics")
             || out[..i].ends_with(b"policy");
         if &out[i..i + from.len()] == from && preceded_by_package {
             out[i..i + from.len()].copy_from_slice(to);

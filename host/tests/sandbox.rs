@@ -405,3 +405,73 @@ async fn a_log_line_cut_inside_a_character_cannot_panic_the_host() {
     assert_eq!(decision.actions.len(), 1, "{:?}", decision.actions);
     good_decision_still_works(&plugin).await;
 }
+
+/// Domain metrics through the real import (contract 0.2.3): the declarations `describe` made
+/// are read at load; `reconcile_reporting` returns the samples of what was declared and the
+/// refusals of what was not, and the plugin was told; `reconcile` (shadow runs, `simulate`)
+/// hands nothing out to export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_reports_only_the_metrics_it_declared() {
+    use policy_host::capability::metrics::{MetricKind, RefusalReason, SampleValue};
+
+    let sandbox = Sandbox::new().expect("sandbox");
+    let plugin = misbehaving(&sandbox).await;
+    let declared: Vec<(String, MetricKind, Vec<String>)> = plugin
+        .declared_metrics()
+        .iter()
+        .map(|d| (d.name.clone(), d.kind, d.labels.clone()))
+        .collect();
+    assert_eq!(
+        declared,
+        [
+            ("decisions".to_string(), MetricKind::Counter, Vec::new()),
+            (
+                "lag_seconds".to_string(),
+                MetricKind::Gauge,
+                vec!["replica".to_string()]
+            ),
+        ]
+    );
+
+    let observed = observation(
+        "metrics",
+        json!({ "replicas": ["a", "b"], "lag": 0.5, "undeclared": true }),
+    );
+    let (decision, report) = plugin
+        .reconcile_reporting(&observed, AppCallScope::none(), "testing")
+        .await
+        .expect("decides");
+    let samples: Vec<(String, Vec<String>, SampleValue)> = report
+        .samples
+        .iter()
+        .map(|s| (s.name.clone(), s.label_values.clone(), s.value))
+        .collect();
+    assert_eq!(
+        samples,
+        [
+            (
+                "lag_seconds".into(),
+                vec!["a".into()],
+                SampleValue::Gauge(0.5)
+            ),
+            (
+                "lag_seconds".into(),
+                vec!["b".into()],
+                SampleValue::Gauge(0.5)
+            ),
+            ("decisions".into(), Vec::new(), SampleValue::Counter(1)),
+        ]
+    );
+    assert_eq!(
+        report.refused.iter().map(|r| r.reason).collect::<Vec<_>>(),
+        [RefusalReason::Undeclared, RefusalReason::UndeclaredLabel]
+    );
+    let told = match &decision.actions[..] {
+        [Action::SetStatus(status)] => status.clone(),
+        other => panic!("one status: {other:?}"),
+    };
+    assert!(
+        told.contains(r#""ok","ok","ok","refused: metric `undeclared_metric` was not declared"#),
+        "the plugin is told why: {told}"
+    );
+}

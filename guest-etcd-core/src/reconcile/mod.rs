@@ -191,8 +191,20 @@ pub fn reconcile(
         backup_running: false,
         backup_due_in_ms: None,
         restart_from: None,
+        endpoint: None,
+        leader: None,
     };
     let view = step.contact(etcd);
+    if let Some(view) = &view {
+        step.endpoint = view.status.clone();
+        step.leader = view.status.as_ref().and_then(|status| {
+            let leader = view.list.members.iter().find(|m| m.id == status.leader)?;
+            Some(
+                step.member_pod_name(leader)
+                    .unwrap_or_else(|| leader.name.clone()),
+            )
+        });
+    }
     let outcome = match view {
         Some(view) if spec.paused => step.reachable_paused(etcd, view),
         Some(view) => step.reachable(etcd, view),
@@ -281,6 +293,7 @@ fn invalid_spec(parent: &Parent, message: String, now: Timestamp) -> Decision {
     Decision {
         actions,
         requeue_after_ms: None,
+        metrics: Vec::new(),
     }
 }
 
@@ -327,6 +340,10 @@ struct Step<'a> {
     backup_due_in_ms: Option<u64>,
     /// Quorum is lost for good: forget the cluster and start again from this snapshot.
     restart_from: Option<String>,
+    /// What the member asked said of itself (leader, database size), when one answered.
+    endpoint: Option<EndpointStatus>,
+    /// The pod name of the member that leads, as the member asked reported it.
+    leader: Option<String>,
 }
 
 /// A member and the pod it runs in.

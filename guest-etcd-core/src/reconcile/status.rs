@@ -50,6 +50,9 @@ impl Step<'_> {
                 if let Some(version) = version {
                     status.current_version = Some(version.clone());
                 }
+                if self.leader.is_some() {
+                    status.leader = self.leader.clone();
+                }
                 let voters: Vec<&MemberStatus> =
                     status.etcd_members.iter().filter(|m| !m.learner).collect();
                 let ready_voters = voters.iter().filter(|m| m.ready).count();
@@ -85,6 +88,7 @@ impl Step<'_> {
         }
         if let Some(snapshot) = self.restart_from.take() {
             status.cluster_id = None;
+            status.leader = None;
             status.etcd_members.clear();
             status.size = None;
             status.restoring = Some(snapshot);
@@ -205,6 +209,12 @@ impl Step<'_> {
 
         // Degraded without progress waits for a human: no point in polling fast.
         let steady = self.progress.is_none() && !self.backup_running;
+        let metrics = crate::metrics::report(&crate::metrics::Seen {
+            before: &parent.status,
+            after: &status,
+            desired: size,
+            endpoint: self.endpoint.as_ref(),
+        });
         let mut actions = self.actions;
         actions.extend(self.events.into_iter().map(Action::RecordEvent));
         actions.push(Action::SetStatus(
@@ -225,6 +235,7 @@ impl Step<'_> {
                 self.backup_due_in_ms
                     .map_or(requeue, |due| due.min(requeue)),
             ),
+            metrics,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The plugin's only ways out of the sandbox, each with its grant, its limits and the host side
 //! of its WIT import: HTTP app-calls ([`http`], with TLS from [`tls`]), raw exchanges
 //! ([`exchange`]) and credentials for them ([`credentials`]), all checked against one
-//! reconcile's [`scope`] and answered, when there is no network, by [`replay`].
+//! reconcile's [`scope`] and answered, when there is no network, by [`replay`]; and the one way
+//! out that reaches no app, the domain [`metrics`] a plugin declared and reports.
 //!
 //! The capabilities take their types from [`crate::contract`] and nothing else of the host.
 //! The sandbox (`decide`) puts them together: each instance's state holds one [`Doors`] and
@@ -11,6 +12,7 @@
 pub mod credentials;
 pub mod exchange;
 pub mod http;
+pub mod metrics;
 pub mod replay;
 pub mod scope;
 pub mod tls;
@@ -20,6 +22,7 @@ use wasmtime::component::{HasSelf, Linker};
 use crate::contract;
 use credentials::HandedOut;
 use exchange::Connections;
+use metrics::MetricsDoor;
 use scope::AppCallScope;
 
 /// What one plugin instance may reach and has open: its scope, the output limit its requests
@@ -41,6 +44,8 @@ pub struct Doors {
     opened: usize,
     /// Credentials handed to the plugin in this decision: they must not leave it.
     handed_out: Vec<HandedOut>,
+    /// The metrics declared (describe) or reported (reconcile) by this instance.
+    metrics: MetricsDoor,
 }
 
 impl Doors {
@@ -56,7 +61,19 @@ impl Doors {
             exchanged: 0,
             opened: 0,
             handed_out: Vec::new(),
+            metrics: MetricsDoor::Closed,
         }
+    }
+
+    /// The same doors, with `metrics` open for declarations or reports (closed otherwise).
+    pub fn with_metrics(mut self, metrics: MetricsDoor) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The `metrics` import's state.
+    pub(crate) fn metrics_mut(&mut self) -> &mut MetricsDoor {
+        &mut self.metrics
     }
 
     /// `name@version` of the plugin these doors belong to.
@@ -123,6 +140,7 @@ impl Doors {
         contract::app_call::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
         contract::exchange::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
         contract::credentials::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
+        contract::metrics::add_to_linker::<T, HasSelf<Doors>>(linker, doors)?;
         contract::v0_1::policy_host::policy::app_call::add_to_linker::<T, HasSelf<Doors>>(
             linker, doors,
         )?;

@@ -28,15 +28,16 @@ pub use generated::policy_host::policy::app_call;
 pub use generated::policy_host::policy::credentials;
 pub use generated::policy_host::policy::exchange;
 pub use generated::policy_host::policy::log::Level as LogLevel;
+pub use generated::policy_host::policy::metrics;
 pub use generated::policy_host::policy::types::{
     Action, Capability, Child, Decision, Event, EventType, FinalizeDecision, KindRef, ObjectRef,
     Observation, PolicyInfo, Timestamp,
 };
 
 /// The contract version this host serves, from the WIT package.
-pub const CONTRACT_VERSION: &str = "0.2.2";
+pub const CONTRACT_VERSION: &str = "0.2.3";
 
-/// The version of the contract's `policy` interface a component exports (`0.2.2`, `0.2.1`,
+/// The version of the contract's `policy` interface a component exports (`0.2.3`, `0.2.2`,
 /// `0.1.0`, ...), if it exports one: what the plugin was built against.
 pub fn exported_version(
     engine: &wasmtime::Engine,

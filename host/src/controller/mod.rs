@@ -34,6 +34,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
 use crate::capability::credentials::{CredentialParent, CredentialSource, LiveCredentials};
+use crate::capability::metrics::MetricReport;
 use crate::capability::scope::AppCallScope;
 use crate::chaos::ChaosSchedule;
 use crate::contract::Action;
@@ -60,10 +61,10 @@ pub use crate::decide::sandbox::SHADOW_RUNS_IN_FLIGHT;
 /// How long the first list of the child caches may take before the controller warns.
 const SYNC_WARNING_AFTER: Duration = Duration::from_secs(30);
 
-/// Forgets the failures, drill and version of a parent that left the parent cache: on its
-/// delete event (a parent deleted without a finalizer is never reconciled again), and on a
-/// re-list's end for every parent the new list lacks (deleted while the watch was down).
-/// Called after the store applied the event.
+/// Forgets the failures, drill, placement and plugin metric series of a parent that left the
+/// parent cache: on its delete event (a parent deleted without a finalizer is never reconciled
+/// again), and on a re-list's end for every parent the new list lacks (deleted while the watch
+/// was down). Called after the store applied the event.
 fn forget_departed(
     event: &watcher::Event<DynamicObject>,
     parents: &reflector::Store<DynamicObject>,
@@ -71,6 +72,7 @@ fn forget_departed(
     failures: &Failures,
     chaos: &ChaosSchedule,
     placements: &Placements,
+    (metrics, policy): (&Metrics, &str),
 ) {
     match event {
         watcher::Event::Delete(parent) => {
@@ -79,6 +81,8 @@ fn forget_departed(
                 chaos.forget(&uid);
                 placements.forget(&uid);
             }
+            let namespace = parent.namespace().unwrap_or_default();
+            metrics.plugin_parent_gone(policy, &namespace, &parent.name_any());
         }
         watcher::Event::InitDone => {
             failures.retain(|parent| parents.get(parent).is_some());
@@ -86,6 +90,11 @@ fn forget_departed(
                 parents.state().iter().filter_map(|p| p.uid()).collect();
             chaos.retain(|uid| listed.contains(uid));
             placements.retain(|uid| listed.contains(uid));
+            metrics.plugin_parents_retain(policy, |namespace, name| {
+                let mut key = ObjectRef::new_with(name, resource.clone());
+                key.namespace = (!namespace.is_empty()).then(|| namespace.to_string());
+                parents.get(&key).is_some()
+            });
         }
         _ => {}
     }
@@ -282,7 +291,11 @@ pub async fn run(
             let (store, resource) = (parent_store.clone(), parent_resource.clone());
             let (failures, chaos, placements) =
                 (failures.clone(), chaos.clone(), placements.clone());
-            move |event| forget_departed(event, &store, &resource, &failures, &chaos, &placements)
+            let (metrics, policy) = (metrics.clone(), policy.clone());
+            move |event| {
+                let exported = (&metrics, policy.as_str());
+                forget_departed(event, &store, &resource, &failures, &chaos, &placements, exported)
+            }
         })
         .applied_objects();
     let parents_listed = parent_store.clone();
@@ -563,11 +576,17 @@ async fn reconcile_with(
 
     let (shadow, scope) = ctx.shadow_of(&plugin.info().target, scope);
     let doing = format!("reconciling {label}");
-    let (observed, decision) = off_task(&doing, {
+    let (observed, decision, reported) = off_task(&doing, {
         let (plugin, doing) = (plugin.clone(), doing.clone());
         async move {
-            let decision = plugin.reconcile(&observed.observation, scope, &doing).await;
-            (observed, decision)
+            let decided = plugin
+                .reconcile_reporting(&observed.observation, scope, &doing)
+                .await;
+            let (decision, reported) = match decided {
+                Ok((decision, reported)) => (Ok(decision), reported),
+                Err(error) => (Err(error), MetricReport::default()),
+            };
+            (observed, decision, reported)
         }
     })
     .await?;
@@ -597,8 +616,19 @@ async fn reconcile_with(
     if ctx.left_the_cache(&parent) {
         return Ok(ControllerAction::await_change());
     }
-    ctx.carry_out(&parent, &loaded, &observed, decision.actions)
-        .await?;
+    let carried = ctx
+        .carry_out(&parent, &loaded, &observed, decision.actions)
+        .await;
+    // Gauges are what the plugin saw; counters count only what was carried out.
+    let parent_name = (parent.namespace().unwrap_or_default(), parent.name_any());
+    ctx.metrics.plugin_reported(
+        &ctx.policy,
+        (&parent_name.0, &parent_name.1),
+        plugin.declared_metrics(),
+        &reported,
+        carried.is_ok(),
+    );
+    carried?;
     // After the decision is carried out, never instead of it: a drill only adds a kill.
     let drill_due = ctx.chaos_drill(&parent, &observed, &loaded.grants).await;
     ctx.succeeded(&parent);
@@ -640,6 +670,8 @@ impl PolicyController {
     /// what the host kept for it goes.
     fn parent_gone(&self, parent: &ObjectRef<DynamicObject>) {
         let namespace = parent.namespace.as_deref().unwrap_or_default();
+        self.metrics
+            .plugin_parent_gone(&self.policy, namespace, &parent.name);
         self.executor
             .forget_parent(&format!("{namespace}/{}", parent.name));
         let mut key = ParentRef::new_with(&parent.name, self.parent_resource.clone());
@@ -728,9 +760,10 @@ mod tests {
                 chaos.turn(uid, Some("kill-pod every=30s"), true, Instant::now());
                 placements.placed_for_test(uid);
             }
+            let metrics = Metrics::new();
             for event in events {
                 writer.apply_watcher_event(&event);
-                forget_departed(&event, &store, &resource, &failures, &chaos, &placements);
+                forget_departed(&event, &store, &resource, &failures, &chaos, &placements, (&metrics, "p"));
             }
             assert_eq!(failures.len(), left, "{situation}: failures");
             assert_eq!(chaos.len(), left, "{situation}: drills");

@@ -9,6 +9,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::Limits;
 use crate::capability::Doors;
 use crate::capability::credentials::redact;
+use crate::capability::metrics::MetricsDoor;
 use crate::capability::scope::AppCallScope;
 use crate::contract::{self, v0_1 as contract_v0_1};
 
@@ -35,6 +36,7 @@ impl PluginState {
         label: String,
         limits: &Limits,
         app_calls: AppCallScope,
+        metrics: MetricsDoor,
         now: Option<contract::Timestamp>,
     ) -> Self {
         let stderr = wasmtime_wasi::p2::pipe::MemoryOutputPipe::new(STDERR_CAPTURE);
@@ -53,7 +55,7 @@ impl PluginState {
             table: ResourceTable::new(),
             memory_limit: limits.memory_bytes,
             memory_refused: false,
-            doors: Doors::new(label, app_calls, limits.output_bytes),
+            doors: Doors::new(label, app_calls, limits.output_bytes).with_metrics(metrics),
             log_lines: 0,
         }
     }
@@ -68,7 +70,7 @@ impl PluginState {
         &self.doors
     }
 
-    /// The plugin's ways out, to link their imports.
+    /// The plugin's ways out, to link their imports and take what they hold at the end.
     pub(crate) fn doors_mut(&mut self) -> &mut Doors {
         &mut self.doors
     }

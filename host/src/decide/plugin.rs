@@ -10,6 +10,7 @@ use super::instance::PluginState;
 use super::sandbox::Sandbox;
 use super::{DecideError, EPOCH_TICK, Limits};
 use crate::capability::credentials::{HandedOut, find_leak, redact};
+use crate::capability::metrics::{Declarations, MetricReport, MetricsDoor};
 use crate::capability::scope::AppCallScope;
 use crate::contract::{
     self, Decision, FinalizeDecision, Observation, PolicyInfo, PolicyPlugin, PolicyPluginPre,
@@ -116,6 +117,8 @@ impl ContractInstance {
 pub(super) struct PluginInner {
     pub(super) pre: ContractPre,
     pub(super) info: PolicyInfo,
+    /// The metrics the plugin declared while describing itself (contract 0.2.3).
+    pub(super) declared: Arc<Declarations>,
     pub(super) label: String,
     pub(super) limits: Limits,
     pub(super) content_sha256: String,
@@ -139,6 +142,11 @@ impl Plugin {
     /// What the plugin said about itself when loaded.
     pub fn info(&self) -> &PolicyInfo {
         &self.inner.info
+    }
+
+    /// The metrics the plugin declared when it loaded (none for a plugin built before 0.2.3).
+    pub fn declared_metrics(&self) -> &Arc<Declarations> {
+        &self.inner.declared
     }
 
     /// `name@version`, for logs and errors.
@@ -167,31 +175,62 @@ impl Plugin {
         &self.inner.contract_version
     }
 
-    /// Asks the plugin to describe itself.
-    pub(super) async fn describe(&self) -> Result<PolicyInfo, DecideError> {
+    /// Asks the plugin to describe itself, and reads the metrics it declared meanwhile; a
+    /// declaration the host refuses fails the load.
+    pub(super) async fn describe(&self) -> Result<(PolicyInfo, Declarations), DecideError> {
         let doing = "describing itself".to_string();
-        self.run(
-            AppCallScope::none(),
-            None,
-            &doing,
-            &(),
-            |plugin, store, ()| Box::pin(async move { plugin.describe(store).await }),
-        )
-        .await
-        .map(|(info, _)| info)
+        let (info, ended) = self
+            .run(
+                AppCallScope::none(),
+                MetricsDoor::declaring(),
+                None,
+                &doing,
+                &(),
+                |plugin, store, ()| Box::pin(async move { plugin.describe(store).await }),
+            )
+            .await?;
+        match ended.metrics {
+            MetricsDoor::Declaring { refused, .. } if !refused.is_empty() => {
+                Err(DecideError::Load {
+                    source_name: self.inner.label.clone(),
+                    message: format!(
+                        "the host refuses metrics it declared: {}; fix the declarations its describe makes",
+                        refused.join("; ")
+                    ),
+                })
+            }
+            MetricsDoor::Declaring { declared, .. } => Ok((info, declared)),
+            _ => Ok((info, Declarations::default())),
+        }
     }
 
-    /// Decides what to do for one observation.
+    /// Decides what to do for one observation. What the plugin reported of its metrics is
+    /// dropped: this is the call for runs whose metrics are never exported (a shadow
+    /// candidate, `simulate`); the controller calls [`Self::reconcile_reporting`].
     pub async fn reconcile(
         &self,
         observation: &Observation,
         app_calls: AppCallScope,
         doing: &str,
     ) -> Result<Decision, DecideError> {
+        self.reconcile_reporting(observation, app_calls, doing)
+            .await
+            .map(|(decision, _)| decision)
+    }
+
+    /// Decides what to do for one observation, with the metrics the plugin reported while it
+    /// decided (checked against its declarations; see [`crate::capability::metrics`]).
+    pub async fn reconcile_reporting(
+        &self,
+        observation: &Observation,
+        app_calls: AppCallScope,
+        doing: &str,
+    ) -> Result<(Decision, MetricReport), DecideError> {
         let now = observation.now;
-        let outcome = self
+        let (outcome, ended) = self
             .run(
                 app_calls,
+                MetricsDoor::reporting(self.inner.declared.clone()),
                 Some(now),
                 doing,
                 observation,
@@ -200,7 +239,14 @@ impl Plugin {
                 },
             )
             .await?;
-        self.accept(outcome, doing, |d: &Decision| &d.actions)
+        let decision = self.accept((outcome, ended.handed_out), doing, |d: &Decision| {
+            &d.actions
+        })?;
+        let report = match ended.metrics {
+            MetricsDoor::Reporting { report, .. } => report,
+            _ => MetricReport::default(),
+        };
+        Ok((decision, report))
     }
 
     /// Decides cleanup for a parent being deleted.
@@ -211,9 +257,11 @@ impl Plugin {
         doing: &str,
     ) -> Result<FinalizeDecision, DecideError> {
         let now = observation.now;
-        let outcome = self
+        // Closed to metrics: the parent is going, and its series with it.
+        let (outcome, ended) = self
             .run(
                 app_calls,
+                MetricsDoor::Closed,
                 Some(now),
                 doing,
                 observation,
@@ -222,7 +270,11 @@ impl Plugin {
                 },
             )
             .await?;
-        self.accept(outcome, doing, |d: &FinalizeDecision| &d.actions)
+        self.accept(
+            (outcome, ended.handed_out),
+            doing,
+            |d: &FinalizeDecision| &d.actions,
+        )
     }
 
     /// Instantiates the plugin once, to call [`ReusedInstance::reconcile`] on it repeatedly.
@@ -234,7 +286,7 @@ impl Plugin {
         app_calls: AppCallScope,
         now: Option<contract::Timestamp>,
     ) -> Result<ReusedInstance, DecideError> {
-        let mut store = self.new_store(app_calls, now);
+        let mut store = self.new_store(app_calls, MetricsDoor::Closed, now);
         let doing = "instantiating";
         let instance = self
             .inner
@@ -311,6 +363,7 @@ impl Plugin {
     async fn run<I: Sync + ?Sized, T: Send + 'static>(
         &self,
         app_calls: AppCallScope,
+        metrics: MetricsDoor,
         now: Option<contract::Timestamp>,
         doing: &str,
         input: &I,
@@ -321,7 +374,7 @@ impl Plugin {
         ) -> std::pin::Pin<
             Box<dyn std::future::Future<Output = wasmtime::Result<T>> + Send + 'a>,
         > + Send,
-    ) -> Result<(T, Vec<HandedOut>), DecideError> {
+    ) -> Result<(T, Ended), DecideError> {
         let inner = &self.inner;
         let limits = &inner.limits;
         // Held until the store is dropped at the end of this call.
@@ -331,7 +384,7 @@ impl Plugin {
                 doing: doing.to_string(),
             });
         };
-        let mut store = self.new_store(app_calls, now);
+        let mut store = self.new_store(app_calls, metrics, now);
         let work = async {
             let plugin = inner.pre.instantiate(&mut store).await?;
             call(&plugin, &mut store, input).await
@@ -343,8 +396,17 @@ impl Plugin {
         let doors = store.data().doors();
         doors.seal();
         let handed_out = doors.handed_out().to_vec();
+        let metrics = store.data_mut().doors_mut().metrics_mut().take();
         result
-            .map(|outcome| (outcome, handed_out))
+            .map(|outcome| {
+                (
+                    outcome,
+                    Ended {
+                        handed_out,
+                        metrics,
+                    },
+                )
+            })
             .map_err(|error| self.classify(error, &store, doing))
     }
 
@@ -352,10 +414,11 @@ impl Plugin {
     fn new_store(
         &self,
         app_calls: AppCallScope,
+        metrics: MetricsDoor,
         now: Option<contract::Timestamp>,
     ) -> Store<PluginState> {
         let inner = &self.inner;
-        let state = PluginState::new(inner.label.clone(), &inner.limits, app_calls, now);
+        let state = PluginState::new(inner.label.clone(), &inner.limits, app_calls, metrics, now);
         let mut store = Store::new(inner.sandbox.engine(), state);
         store.limiter(|state| state);
         store.set_epoch_deadline(self.deadline_ticks());
@@ -415,6 +478,13 @@ impl Plugin {
             },
         }
     }
+}
+
+/// What an instance leaves behind for the host once its call returned: the credentials it was
+/// handed (which must not leave in the decision) and its metrics door (declarations or reports).
+struct Ended {
+    handed_out: Vec<HandedOut>,
+    metrics: MetricsDoor,
 }
 
 /// One plugin instance called repeatedly, for benchmarks that separate the cost of a call

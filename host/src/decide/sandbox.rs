@@ -210,6 +210,7 @@ impl Sandbox {
             inner: Arc::new(PluginInner {
                 pre,
                 info: placeholder_info(),
+                declared: Arc::default(),
                 label: source_name.to_string(),
                 limits,
                 content_sha256,
@@ -218,10 +219,11 @@ impl Sandbox {
                 sandbox: self.clone(),
             }),
         };
-        let info = plugin.describe().await?;
+        let (info, declared) = plugin.describe().await?;
         if let Some(inner) = Arc::get_mut(&mut plugin.inner) {
             inner.label = format!("{}@{}", info.name, info.version);
             inner.info = info;
+            inner.declared = Arc::new(declared);
         }
         Ok(plugin)
     }

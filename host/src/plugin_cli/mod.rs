@@ -94,6 +94,18 @@ pub async fn validate(
         "children": info.children.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
         "capabilities": info.capabilities.iter().map(capability_text).collect::<Vec<_>>(),
         "wantsFinalizer": info.wants_finalizer,
+        // The domain metrics it declared (contract 0.2.3), as the host exports them.
+        "metrics": plugin.declared_metrics().iter().map(|m| {
+            let name = format!("policy_host_{}", crate::metrics::plugin::exported_name(&info.name, &m.name));
+            serde_json::json!({
+                "name": match m.kind {
+                    crate::capability::metrics::MetricKind::Counter => format!("{name}_total"),
+                    crate::capability::metrics::MetricKind::Gauge => name,
+                },
+                "kind": m.kind.as_str(),
+                "labels": m.labels,
+            })
+        }).collect::<Vec<_>>(),
         "describedWithin": {
             "deadlineMs": u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
             "memoryMiB": limits.memory_bytes >> 20,

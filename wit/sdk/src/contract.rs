@@ -143,6 +143,10 @@ pub struct Decision {
     pub actions: Vec<Action>,
     /// Reconcile again after this many milliseconds even if nothing changes.
     pub requeue_after_ms: Option<u64>,
+    /// Domain metrics about the parent (contract 0.2.3; see [`crate::metrics`]): not part of
+    /// the WIT `decision`, the SDK reports them through the `metrics` import before it returns
+    /// the decision.
+    pub metrics: Vec<crate::metrics::Sample>,
 }
 
 /// What the plugin decided while its parent is being deleted (WIT `finalize-decision`).

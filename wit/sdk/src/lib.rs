@@ -52,6 +52,8 @@
 //!   authentication, several queries), cut into the protocol's frames.
 //! - [`exchange`] — one request and one reply over a fresh session.
 //! - [`log`] — lines in the host's log.
+//! - [`metrics`] — gauges and counters about the parent, declared once and reported in
+//!   decisions, which the host exports on its `/metrics`.
 //! - [`testing`] — the native harness: observations in, decisions out, a scripted app.
 //! - `wasm` (only on `wasm32`) — the generated bindings and the export adapter.
 //!
@@ -66,6 +68,7 @@ pub mod credentials;
 pub mod desired;
 pub mod exchange;
 pub mod log;
+pub mod metrics;
 pub mod names;
 pub mod observation;
 pub mod pods;
@@ -98,6 +101,7 @@ pub mod prelude {
     };
     pub use crate::credentials::{Credential, CredentialError};
     pub use crate::desired::Desired;
+    pub use crate::metrics::{Counter, Gauge, Metric};
     pub use crate::session::{Session, frames};
 }
 
@@ -114,6 +118,12 @@ pub trait Plugin {
     /// creates (the host refuses any other), the capabilities it asks for. Called once per
     /// load; must not use app-calls.
     fn describe() -> PolicyInfo;
+
+    /// The domain metrics the plugin's decisions may report ([`crate::metrics`]), declared to
+    /// the host while `describe` runs. The default is none.
+    fn metrics() -> Vec<metrics::Metric> {
+        Vec::new()
+    }
 
     /// Decides what to do for one observation.
     fn reconcile(observation: &Observation, app: &mut dyn AppCall)

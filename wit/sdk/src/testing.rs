@@ -567,9 +567,15 @@ impl<P: Plugin, A: AppCall> Harness<P, A> {
         }
     }
 
-    /// Calls the plugin's `reconcile`.
+    /// Calls the plugin's `reconcile`. Panics when the decision reports a metric sample the
+    /// host would refuse (not declared in [`Plugin::metrics`], or with other labels): that is
+    /// a bug in the plugin, and the host would drop the sample.
     pub fn reconcile(&mut self, observation: &Observation) -> Result<Decision, PolicyError> {
-        P::reconcile(observation, &mut self.app)
+        let decision = P::reconcile(observation, &mut self.app)?;
+        if let Err(why) = crate::metrics::check(&P::metrics(), &decision.metrics) {
+            panic!("the host would refuse a metric sample of this decision: {why}");
+        }
+        Ok(decision)
     }
 
     /// Calls the plugin's `finalize`.

@@ -28,6 +28,7 @@ use bindings::policy_host::policy::app_call as wit_call;
 use bindings::policy_host::policy::credentials as wit_credentials;
 use bindings::policy_host::policy::exchange as wit_exchange;
 use bindings::policy_host::policy::log as wit_log;
+use bindings::policy_host::policy::metrics as wit_metrics;
 use bindings::policy_host::policy::types as wit;
 
 /// Implements the generated `Guest` trait for any [`Plugin`]; `export_plugin!` exports it.
@@ -221,6 +222,19 @@ fn error_to_wit(error: contract::PolicyError) -> wit::PolicyError {
 
 impl<P: Plugin> Guest for Exported<P> {
     fn describe() -> wit::PolicyInfo {
+        // The host refuses a bad declaration by failing the load, saying why: nothing to
+        // handle here.
+        for metric in P::metrics() {
+            let _ = wit_metrics::declare(&wit_metrics::Metric {
+                name: metric.name().to_owned(),
+                kind: match metric {
+                    crate::metrics::Metric::Gauge(_) => wit_metrics::MetricKind::Gauge,
+                    crate::metrics::Metric::Counter(_) => wit_metrics::MetricKind::Counter,
+                },
+                help: metric.help().to_owned(),
+                labels: metric.labels().iter().map(|l| (*l).to_owned()).collect(),
+            });
+        }
         let info = P::describe();
         wit::PolicyInfo {
             name: info.name,
@@ -242,6 +256,17 @@ impl<P: Plugin> Guest for Exported<P> {
     fn reconcile(observation: wit::Observation) -> Result<wit::Decision, wit::PolicyError> {
         let decision = P::reconcile(&observation_from_wit(observation), &mut HostAppCall)
             .map_err(error_to_wit)?;
+        // A refused sample is dropped and counted by the host; the decision stands.
+        for sample in &decision.metrics {
+            let _ = match sample.value {
+                crate::metrics::SampleValue::Gauge(value) => {
+                    wit_metrics::set_gauge(&sample.name, &sample.labels, value)
+                }
+                crate::metrics::SampleValue::Counter(delta) => {
+                    wit_metrics::add_counter(&sample.name, &sample.labels, delta)
+                }
+            };
+        }
         Ok(wit::Decision {
             actions: decision.actions.into_iter().map(action_to_wit).collect(),
             requeue_after_ms: decision.requeue_after_ms,

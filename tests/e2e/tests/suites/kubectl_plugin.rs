@@ -1,5 +1,5 @@
 //! `kubectl policy-host`, each command against the real API server (run in-process, as the
-//! `kubectl-policy-host` binary runs them): `status` shows a parent's conditions and the Pods
+//! `kubectl-policy_host` binary runs them): `status` shows a parent's conditions and the Pods
 //! it controls; `pause`/`resume` set `spec.paused` and refuse a kind without it; `backup` sets
 //! the trigger an EtcdBackup reads; `switchover` writes the annotation; `plugins` lists what a
 //! running host loaded, with its grants; `simulate` runs that plugin on a live parent without

@@ -34,6 +34,7 @@ mod ownership;
 mod plugin_credentials;
 mod plugin_grants;
 mod plugin_loading;
+mod plugin_metrics;
 mod plugin_trust;
 mod real_node;
 mod redis_replication;

@@ -33,6 +33,14 @@
 //!   or the error); with `spec.leak` = `status`, `event` or `log` it also puts the value
 //!   there (the host must refuse the first two and cut it out of the third).
 //!
+//! - `metrics`: reports its domain metrics (contract 0.2.3): the gauge `lag_seconds` (label
+//!   `replica`) at `spec.lag` (default 1.5) for each name of `spec.replicas`, and 1 more
+//!   `decisions`; with `spec.undeclared: true` also a gauge `undeclared_metric` and a
+//!   `lag_seconds` with an undeclared label `zone` (the host must refuse both). Each import's
+//!   answer goes into `status.metrics` (`ok` or `refused: <why>`).
+//!
+//! It declares those two metrics in `describe`, whatever the behaviour.
+//!
 //! `spec.finalize: trap` makes `finalize` panic (a parent that can never be finalized), and
 //! `spec.trapIn: <version>` makes `reconcile` panic in that version only, whatever the
 //! behaviour (a bad build: a staged rollout test gives every parent `trapIn` and sees which
@@ -58,7 +66,7 @@ mod plugin {
         Action, Capability, Decision, Event, EventType, FinalizeDecision, KindRef, Observation,
         PolicyError, PolicyInfo,
     };
-    use policy_host::policy::{app_call, credentials, log};
+    use policy_host::policy::{app_call, credentials, log, metrics};
 
     struct Misbehaving;
 
@@ -107,6 +115,21 @@ mod plugin {
 
     impl Guest for Misbehaving {
         fn describe() -> PolicyInfo {
+            for (name, kind, labels) in [
+                (
+                    "lag_seconds",
+                    metrics::MetricKind::Gauge,
+                    vec!["replica".to_string()],
+                ),
+                ("decisions", metrics::MetricKind::Counter, Vec::new()),
+            ] {
+                let _ = metrics::declare(&metrics::Metric {
+                    name: name.into(),
+                    kind,
+                    help: format!("{name} of the probe"),
+                    labels,
+                });
+            }
             PolicyInfo {
                 name: "misbehaving".into(),
                 version: VERSION.into(),
@@ -279,6 +302,35 @@ mod plugin {
                     actions.push(Action::SetStatus(status.to_string()));
                     Ok(Decision {
                         actions,
+                        requeue_after_ms: None,
+                    })
+                }
+                "metrics" => {
+                    let answer = |outcome: Result<(), String>| match outcome {
+                        Ok(()) => "ok".to_string(),
+                        Err(why) => format!("refused: {why}"),
+                    };
+                    let lag = parent["spec"]["lag"].as_f64().unwrap_or(1.5);
+                    let mut said = Vec::new();
+                    for replica in parent["spec"]["replicas"].as_array().into_iter().flatten() {
+                        let replica = replica.as_str().unwrap_or_default().to_string();
+                        said.push(answer(metrics::set_gauge(
+                            "lag_seconds",
+                            &[("replica".into(), replica)],
+                            lag,
+                        )));
+                    }
+                    said.push(answer(metrics::add_counter("decisions", &[], 1)));
+                    if parent["spec"]["undeclared"].as_bool() == Some(true) {
+                        said.push(answer(metrics::set_gauge("undeclared_metric", &[], 1.0)));
+                        said.push(answer(metrics::set_gauge(
+                            "lag_seconds",
+                            &[("replica".into(), "x".into()), ("zone".into(), "a".into())],
+                            1.0,
+                        )));
+                    }
+                    Ok(Decision {
+                        actions: vec![Action::SetStatus(json!({ "metrics": said }).to_string())],
                         requeue_after_ms: None,
                     })
                 }

@@ -1,5 +1,10 @@
-//! `kubectl-policy-host`, the kubectl plugin (`kubectl policy-host ...`): parse the command
+//! `kubectl-policy_host`, the kubectl plugin (`kubectl policy-host ...`): parse the command
 //! line, run one command of [`policy_host::kubectl`] with the kubeconfig's client, print.
+//!
+//! The underscore is kubectl's convention: kubectl looks up `kubectl policy-host` as the
+//! executable `kubectl-policy_host` (a dash in a command becomes an underscore; a dash in a
+//! file name separates subcommands, so `kubectl-policy-host` would be `kubectl policy host`).
+//! krew links the same name (`deploy/krew/policy-host.yaml`).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -7,7 +12,8 @@ use policy_host::kubectl::{self, Target};
 
 #[derive(Parser)]
 #[command(
-    name = "kubectl-policy-host",
+    name = "kubectl policy-host",
+    bin_name = "kubectl policy-host",
     version,
     about = "Ask policy-host's parents and plugins: status, pause, backup, switchover, plugins, simulate"
 )]

@@ -1,9 +1,13 @@
 //! Metrics: reconcile counts, errors and decision latency per policy, plugin loads and running
 //! controllers, shadow comparisons, staged rollouts per version, what the watch caches hold and
-//! every bound reached, in Prometheus text.
+//! every bound reached, in Prometheus text; beside them the plugins' own domain metrics, per
+//! parent ([`plugin`]).
 //!
 //! Every label value that outside input chooses (a plugin's refusal reason, a ConfigMap's
-//! name) is bounded, so no tenant or plugin can grow the number of series.
+//! name, a plugin metric's labels) is bounded, so no tenant or plugin can grow the number of
+//! series.
+
+pub mod plugin;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -15,6 +19,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::capability::metrics::{Declarations, MetricReport};
+use plugin::PluginSeries;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabels {
@@ -68,6 +75,12 @@ struct RolloutOutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedSampleLabels {
+    policy: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BoundLabels {
     bound: String,
 }
@@ -113,6 +126,9 @@ pub struct Metrics {
     rollout_parents: Family<RolloutLabels, Gauge>,
     /// The versions with a `rollout_parents` series per policy, removed when its rollout ends.
     rollout_versions: Arc<Mutex<HashMap<String, HashSet<String>>>>,
+    refused_samples: Family<RefusedSampleLabels, Counter>,
+    /// The plugins' domain metrics, per parent.
+    plugin_series: Arc<PluginSeries>,
     /// The `reason` values seen per policy, to bound the series.
     reasons: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// The `outcome` values seen per load source, to bound the series and remove them.
@@ -228,11 +244,21 @@ impl Metrics {
             "Parents each version of a staged rollout decides for (name@version), as last reconciled",
             rollout_parents.clone(),
         );
+        let refused_samples = Family::<RefusedSampleLabels, Counter>::default();
+        registry.register(
+            "metric_samples_refused",
+            "Samples of a plugin's domain metrics the host refused, per policy and reason (Undeclared, UndeclaredLabel, WrongKind, LabelValueTooLong, NotFinite, TooManySamples, SeriesPerParentCap, SeriesPerPluginCap, NotNow)",
+            refused_samples.clone(),
+        );
+        let plugin_series = Arc::new(PluginSeries::default());
+        registry.register_collector(Box::new(plugin_series.clone()));
         Self {
             registry: Arc::new(registry),
             rollout_decisions,
             rollout_parents,
             rollout_versions: Arc::new(Mutex::new(HashMap::new())),
+            refused_samples,
+            plugin_series,
             cache_objects,
             cache_bytes,
             cache_ignored,
@@ -488,6 +514,58 @@ impl Metrics {
                 policy: policy.into(),
             })
             .set(i64::from(running));
+    }
+
+    /// Exports what one decision of `policy` for `parent` (namespace, name) reported of its
+    /// plugin's domain metrics ([`plugin`]): gauges replace the parent's, counters add when the
+    /// decision was `carried_out`. Every refused sample is counted by reason and logged as a
+    /// warning the first time and at every power of two.
+    pub fn plugin_reported(
+        &self,
+        policy: &str,
+        parent: (&str, &str),
+        declared: &Arc<Declarations>,
+        report: &MetricReport,
+        carried_out: bool,
+    ) {
+        let capped = self
+            .plugin_series
+            .report(policy, parent, declared, report, carried_out);
+        for refusal in report.refused.iter().chain(&capped) {
+            let count = self
+                .refused_samples
+                .get_or_create(&RefusedSampleLabels {
+                    policy: policy.into(),
+                    reason: refusal.reason.as_str(),
+                })
+                .inc()
+                + 1;
+            if count.is_power_of_two() {
+                tracing::warn!(
+                    policy,
+                    parent = %format!("{}/{}", parent.0, parent.1),
+                    reason = refusal.reason.as_str(),
+                    times = count,
+                    "plugin metric sample refused: {}",
+                    refusal.message
+                );
+            }
+        }
+    }
+
+    /// Removes the plugin series of the parent `namespace/name` of `policy` (it went).
+    pub fn plugin_parent_gone(&self, policy: &str, namespace: &str, name: &str) {
+        self.plugin_series.parent_gone(policy, namespace, name);
+    }
+
+    /// Keeps the plugin series of the parents of `policy` that `listed(namespace, name)` keeps.
+    pub fn plugin_parents_retain(&self, policy: &str, listed: impl Fn(&str, &str) -> bool) {
+        self.plugin_series.retain_parents(policy, listed);
+    }
+
+    /// Removes every plugin series of `policy` (its controller stopped).
+    pub fn plugin_policy_gone(&self, policy: &str) {
+        self.plugin_series.policy_gone(policy);
     }
 
     /// The Prometheus text exposition of every metric.
