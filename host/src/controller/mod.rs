@@ -294,7 +294,15 @@ pub async fn run(
             let (metrics, policy) = (metrics.clone(), policy.clone());
             move |event| {
                 let exported = (&metrics, policy.as_str());
-                forget_departed(event, &store, &resource, &failures, &chaos, &placements, exported)
+                forget_departed(
+                    event,
+                    &store,
+                    &resource,
+                    &failures,
+                    &chaos,
+                    &placements,
+                    exported,
+                )
             }
         })
         .applied_objects();
@@ -763,7 +771,15 @@ mod tests {
             let metrics = Metrics::new();
             for event in events {
                 writer.apply_watcher_event(&event);
-                forget_departed(&event, &store, &resource, &failures, &chaos, &placements, (&metrics, "p"));
+                forget_departed(
+                    &event,
+                    &store,
+                    &resource,
+                    &failures,
+                    &chaos,
+                    &placements,
+                    (&metrics, "p"),
+                );
             }
             assert_eq!(failures.len(), left, "{situation}: failures");
             assert_eq!(chaos.len(), left, "{situation}: drills");

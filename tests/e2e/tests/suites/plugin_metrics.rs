@@ -80,7 +80,7 @@ async fn plugin_metrics_are_exported_per_parent_within_their_bounds() -> anyhow:
     let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
-    let ns = namespace.as_str();
+    let ns: &str = &namespace;
 
     let outcome = async {
         let admin = host
