@@ -421,6 +421,13 @@ pub async fn simulate(
         },
     )
     .map_err(|e| KubectlError::Plugin(e.to_string()))?;
+    if let Some(pull) = &pack.pull {
+        // The pull Secret and CA live in the cluster, for the host's ServiceAccount.
+        return Err(KubectlError::Plugin(format!(
+            "the plugin of {kind} is pulled by the host from {}; pull that component (`wkg oci pull`) and run `policy-host simulate` on it",
+            pull.reference
+        )));
+    }
     let plugin = Sandbox::new()
         .map_err(|e| KubectlError::Plugin(e.to_string()))?
         .load(config_map.1, &pack.component, pack.limits)

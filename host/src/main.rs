@@ -86,6 +86,11 @@ enum Command {
             value_name = "PEM"
         )]
         trusted_keys_pem: Option<String>,
+        /// The largest component a plugin ConfigMap may have the host pull from an OCI
+        /// registry (`data.reference`), in MiB. Compiling takes several times a component's
+        /// size in memory: raise the host's memory limit with it.
+        #[arg(long, default_value_t = 64, value_name = "MIB")]
+        max_pulled_plugin_mib: u64,
     },
     /// Write a new ed25519 key pair for signing plugin packs: `<prefix>.pem` (private, keep it
     /// out of the cluster) and `<prefix>.pub` (for the host's --trusted-key or
@@ -208,6 +213,25 @@ enum Command {
         /// plugin's target kind. Repeat for several.
         #[arg(long = "crd", value_name = "CRD_YAML", requires = "bundle")]
         crds: Vec<PathBuf>,
+        /// Push the component to this OCI registry repository
+        /// (`oci://<registry>/<repository>[:tag]`, HTTPS) as a wasm artifact and write a
+        /// ConfigMap that names it by digest (`data.reference`) instead of carrying it.
+        #[arg(long, value_name = "OCI_REFERENCE")]
+        push: Option<String>,
+        /// The registry's CA (PEM) for --push; default: the system's roots.
+        #[arg(long, value_name = "CA_PEM", requires = "push")]
+        registry_ca: Option<PathBuf>,
+        /// A docker config.json holding credentials for the registry, for --push.
+        #[arg(long, value_name = "DOCKER_CONFIG_JSON", requires = "push")]
+        registry_auth: Option<PathBuf>,
+        /// The pull Secret (a kubernetes.io/dockerconfigjson Secret of the plugin namespace)
+        /// the host pulls with: written as `data.pullSecret`.
+        #[arg(long, value_name = "SECRET", requires = "push")]
+        pull_secret: Option<String>,
+        /// Where the host finds the registry's CA: `secret/<name>` or `configmap/<name>` of the
+        /// plugin namespace, key `ca.crt`; written as `data.registryCA`.
+        #[arg(long, value_name = "secret/NAME|configmap/NAME", requires = "push")]
+        pull_ca: Option<String>,
         #[command(flatten)]
         limits: PackLimitArgs,
     },
@@ -314,6 +338,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             leader_election,
             trusted_keys,
             trusted_keys_pem,
+            max_pulled_plugin_mib,
         } => {
             let shard = Shard::new(shard, shards)?;
             if policies.is_empty() && plugin_namespace.is_none() {
@@ -364,6 +389,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     }
                 },
                 trust,
+                max_pulled_plugin_bytes: max_pulled_plugin_mib.saturating_mul(1 << 20),
             };
             let shutdown = shutdown_signal()?;
             policy_host::run(client, settings, shutdown, |_| {}).await?;
@@ -447,6 +473,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             serial,
             bundle: _,
             crds,
+            push,
+            registry_ca,
+            registry_auth,
+            pull_secret,
+            pull_ca,
             limits,
         } => {
             let request = plugin_cli::PackRequest {
@@ -479,6 +510,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 sign,
                 serial,
                 bundle_crds: crds,
+                push: push.map(|target| plugin_cli::PushRequest {
+                    target,
+                    ca_file: registry_ca,
+                    auth_file: registry_auth,
+                    pull_secret,
+                    pull_ca,
+                }),
             };
             print!(
                 "{}",

@@ -49,6 +49,9 @@ pub struct Settings {
     pub leader_election: Option<LeaseSettings>,
     /// The keys plugin ConfigMaps must be signed by (empty: any pack loads).
     pub trust: load::trust::TrustPolicy,
+    /// The largest component a plugin ConfigMap may have pulled from a registry
+    /// ([`load::oci::DEFAULT_MAX_PULL_BYTES`] by default).
+    pub max_pulled_plugin_bytes: u64,
 }
 
 /// A running host's handles, for embedding (tests, benchmarks).
@@ -231,7 +234,8 @@ async fn lead(
                 concurrency: settings.controller.concurrency,
             },
         )
-        .with_trust(settings.trust.clone());
+        .with_trust(settings.trust.clone())
+        .with_pull_limit(settings.max_pulled_plugin_bytes);
         let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
         let loaded = health.clone();
         tokio::spawn(async move {

@@ -14,6 +14,8 @@
 # mod@version` builds each into its own cache directory (cold: ~5 min each on 2 cores). They
 # are not part of `all`: only the S3 backup test needs them, and it builds them on demand.
 # Helm (family helm) is the same kind of module, built on demand by the chart test only.
+# The OCI registry (family registry: distribution's `registry`, the CNCF reference registry)
+# is one too, built on demand by the OCI plugin suite only.
 # The fault campaign's client (family campaign) is a main package of ours,
 # tests/env/campaign-writer/main.go, built in a module of its own that requires porcupine and
 # etcd's client; keyed by the source's hash and the versions, built on demand by the campaign.
@@ -25,7 +27,7 @@
 # backend). Cold on 2 cores with the kube build cache warm: about 8 minutes (BENCHMARKS.md).
 #
 # Usage: build-binaries.sh                          # kube, etcd, redis and node of versions.env
-#        build-binaries.sh kube|etcd|redis|node|s3|helm|campaign  # one family
+#        build-binaries.sh kube|etcd|redis|node|s3|helm|registry|campaign  # one family
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -182,6 +184,10 @@ install_go_program() {
 
 build_helm() {
   install_go_program helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+}
+
+build_registry() {
+  install_go_program registry github.com/distribution/distribution/v3/cmd/registry "$REGISTRY_VERSION"
 }
 
 build_s3() {
@@ -363,7 +369,8 @@ case "$what" in
   node) build_node ;;
   s3) build_s3 ;;
   helm) build_helm ;;
+  registry) build_registry ;;
   campaign) build_campaign ;;
   all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube; build_node ;;
-  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm, campaign or all"; exit 2 ;;
+  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm, registry, campaign or all"; exit 2 ;;
 esac

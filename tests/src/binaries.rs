@@ -28,6 +28,7 @@ pub struct Binaries {
     minio_version: String,
     mc_version: String,
     helm_version: String,
+    registry_version: String,
     containerd_version: String,
     runc_version: String,
     coredns_version: String,
@@ -44,6 +45,8 @@ static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
 static ENSURED_NODE: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `helm` build attempt of this process.
 static ENSURED_HELM: OnceLock<Result<(), String>> = OnceLock::new();
+/// The outcome of the one `registry` build attempt of this process.
+static ENSURED_REGISTRY: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `campaign` build attempt of this process: the client's path.
 static ENSURED_CAMPAIGN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
@@ -108,6 +111,25 @@ impl Binaries {
             }
         })?;
         Ok(helm)
+    }
+
+    /// Makes sure the OCI registry (distribution's `registry`) is built, running
+    /// `build-binaries.sh registry` when it is missing (at most once per process; cold, about
+    /// 4 minutes on 2 cores), and returns its path. Blocking: from async code, call it through
+    /// `tokio::task::spawn_blocking`.
+    pub fn ensure_registry(&self) -> Result<PathBuf> {
+        let registry = self
+            .cache_bin
+            .join(format!("registry-{}", self.registry_version))
+            .join("registry");
+        ensure_family(&ENSURED_REGISTRY, "registry", || {
+            if registry.is_file() {
+                vec![]
+            } else {
+                vec![registry.display().to_string()]
+            }
+        })?;
+        Ok(registry)
     }
 
     /// Builds the fault campaign's client (`tests/env/campaign-writer`: an etcd writer that
@@ -306,6 +328,7 @@ impl Binaries {
         let minio_version = var("MINIO_VERSION")?;
         let mc_version = var("MC_VERSION")?;
         let helm_version = var("HELM_VERSION")?;
+        let registry_version = var("REGISTRY_VERSION")?;
         let containerd_version = var("CONTAINERD_VERSION")?;
         let runc_version = var("RUNC_VERSION")?;
         let coredns_version = var("COREDNS_VERSION")?;
@@ -327,6 +350,7 @@ impl Binaries {
             minio_version,
             mc_version,
             helm_version,
+            registry_version,
             containerd_version,
             runc_version,
             coredns_version,

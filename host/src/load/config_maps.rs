@@ -20,6 +20,11 @@
 //!   controller rolls it back, the host annotates its ConfigMap [`ROLLED_BACK`] (the component's
 //!   sha256) and does not load that build from it again, after restarts too.
 //!
+//! - a pack naming its component by digest in a registry (`data.reference`): the signature is
+//!   checked first, then the component is pulled ([`super::oci`]) with the pull Secret and CA
+//!   the pack names, checked against its digests and pin, and goes on as the bytes of any
+//!   pack; a failed pull is a refusal like any other, and the previous version keeps running.
+//!
 //! Each load, swap, refusal and unload is a log line, a `policy_host_plugin_loads_total`
 //! count, and an Event on the ConfigMap (`kubectl describe configmap <name>` shows the history).
 //! A deleted ConfigMap's counts go with it, so the series follow the ConfigMaps that exist.
@@ -28,13 +33,14 @@ use std::collections::HashMap;
 use std::time::SystemTime;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use super::pack::{Mode, PLUGIN_LABEL, PackDefaults, PluginPack};
+use super::oci::{self, OciError, RegistryAccess};
+use super::pack::{CA_KEY, CaSource, Mode, PLUGIN_LABEL, PackDefaults, PluginPack, RegistryPull};
 use super::trust::{TrustError, TrustPolicy};
 use super::{LoadError, PluginLoader};
 use crate::decide::Plugin;
@@ -53,6 +59,15 @@ pub enum RefusalError {
     /// The pack is not signed by a key the host trusts.
     #[error(transparent)]
     Trust(#[from] TrustError),
+    /// The component the pack names could not be pulled.
+    #[error("ConfigMap {config_map}: {source}")]
+    Pull {
+        /// namespace/name.
+        config_map: String,
+        /// Why.
+        #[source]
+        source: OciError,
+    },
     /// Another source already loaded a plugin of this name.
     #[error(
         "plugin `{plugin}` is already loaded from {other}; a plugin name may come from one source only: delete one of them, or rename the plugin"
@@ -145,6 +160,7 @@ impl RefusalError {
         match self {
             RefusalError::Load(e) => e.reason(),
             RefusalError::Trust(e) => e.reason(),
+            RefusalError::Pull { source, .. } => source.reason(),
             RefusalError::NameTaken { .. } => "PluginNameTaken",
             RefusalError::TargetTaken { .. } => "PluginTargetTaken",
             RefusalError::ShadowTaken { .. } => "PluginShadowTaken",
@@ -212,6 +228,8 @@ pub struct ConfigMapSource {
     defaults: PackDefaults,
     /// Whose signatures a pack needs (none: every pack loads).
     trust: TrustPolicy,
+    /// The largest component pulled from a registry.
+    max_pull_bytes: u64,
     recorder: Recorder,
     known: HashMap<String, Known>,
     /// Rollbacks already written on their ConfigMap: (source, component sha256).
@@ -262,6 +280,7 @@ impl ConfigMapSource {
             metrics,
             defaults,
             trust: TrustPolicy::default(),
+            max_pull_bytes: oci::DEFAULT_MAX_PULL_BYTES,
             known: HashMap::new(),
             marked_rolled_back: Default::default(),
             first_listed: None,
@@ -271,6 +290,12 @@ impl ConfigMapSource {
     /// Loads only packs signed by one of `trust`'s keys.
     pub fn with_trust(mut self, trust: TrustPolicy) -> Self {
         self.trust = trust;
+        self
+    }
+
+    /// Pulls components of at most `max_bytes` from registries.
+    pub fn with_pull_limit(mut self, max_bytes: u64) -> Self {
+        self.max_pull_bytes = max_bytes;
         self
     }
 
@@ -369,10 +394,15 @@ impl ConfigMapSource {
         let pack = PluginPack::from_config_map(cm, &self.defaults)
             .map_err(|e| RefusalError::Load(LoadError::from(e)))
             .and_then(|pack| {
-                // Trust before compiling: an untrusted component is not even compiled.
+                // Trust before pulling or compiling: an untrusted reference is not even
+                // pulled, an untrusted component not compiled.
                 self.trust.verify(cm, &pack.sha256)?;
                 Ok(pack)
             });
+        let pack = match pack {
+            Ok(mut pack) if pack.pull.is_some() => self.pull(cm, &mut pack).await.map(|()| pack),
+            other => other,
+        };
         if let Ok(pack) = &pack
             && pack.mode == Mode::Rollout
             && cm.annotations().get(ROLLED_BACK) == Some(&pack.sha256)
@@ -1048,6 +1078,120 @@ impl ConfigMapSource {
                 }
             }
         }
+
+    /// Pulls the component `pack` names into it: credentials and CA read from the objects the
+    /// pack names, then [`oci::pull`] and the pin check.
+    async fn pull(&self, cm: &ConfigMap, pack: &mut PluginPack) -> Result<(), RefusalError> {
+        let config_map = format!("{}/{}", self.namespace, cm.name_any());
+        let Some(pull) = pack.pull.clone() else {
+            return Ok(());
+        };
+        let refused = |source: OciError| RefusalError::Pull {
+            config_map: config_map.clone(),
+            source,
+        };
+        let (access, ca_source) = self.registry_access(&pull).await.map_err(refused)?;
+        let started = std::time::Instant::now();
+        let pulled = oci::pull(&pull.reference, &access, &ca_source, self.max_pull_bytes)
+            .await
+            .map_err(refused)?;
+        tracing::info!(
+            config_map = %config_map,
+            reference = %pull.reference,
+            bytes = pulled.bytes.len(),
+            sha256 = %pulled.sha256,
+            pull_ms = started.elapsed().as_millis(),
+            "plugin pulled"
+        );
+        pack.take_pulled(&config_map, pulled)
+            .map_err(|e| RefusalError::Load(e.into()))
+    }
+
+    /// The credentials and CA a pull uses, read from the Secret and the object the pack names
+    /// in the plugin namespace, and the CA's source for messages.
+    async fn registry_access(
+        &self,
+        pull: &RegistryPull,
+    ) -> Result<(RegistryAccess, String), OciError> {
+        let mut access = RegistryAccess::default();
+        if let Some(name) = &pull.pull_secret {
+            let secret_name = format!("{}/{name}", self.namespace);
+            let bad = |problem: String| OciError::BadPullSecret {
+                secret: secret_name.clone(),
+                problem,
+            };
+            let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+            let secret = secrets
+                .get_opt(name)
+                .await
+                .map_err(|e| {
+                    bad(format!(
+                        "cannot read it ({})",
+                        crate::api_error::api_error_text(&e)
+                    ))
+                })?
+                .ok_or_else(|| bad("it does not exist".to_owned()))?;
+            let json = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(".dockerconfigjson"))
+                .ok_or_else(|| bad("it has no key .dockerconfigjson".to_owned()))?;
+            access.credentials = Some(
+                oci::credentials_from_docker_config(&json.0, &pull.reference.registry)
+                    .map_err(&bad)?
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "it holds no credentials for {}",
+                            pull.reference.registry
+                        ))
+                    })?,
+            );
+        }
+        let Some(ca) = &pull.registry_ca else {
+            return Ok((access, "the system's roots".to_owned()));
+        };
+        let ca_source = format!("{ca} in namespace {}", self.namespace);
+        let bad = |problem: String| OciError::BadRegistryCa {
+            source_name: ca_source.clone(),
+            problem,
+        };
+        let pem = match ca {
+            CaSource::Secret(name) => {
+                let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+                secrets
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| {
+                        bad(format!(
+                            "cannot read it ({})",
+                            crate::api_error::api_error_text(&e)
+                        ))
+                    })?
+                    .ok_or_else(|| bad("it does not exist".to_owned()))?
+                    .data
+                    .and_then(|mut d| d.remove(CA_KEY))
+                    .map(|b| b.0)
+            }
+            CaSource::ConfigMap(name) => {
+                let config_maps: Api<ConfigMap> =
+                    Api::namespaced(self.client.clone(), &self.namespace);
+                config_maps
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| {
+                        bad(format!(
+                            "cannot read it ({})",
+                            crate::api_error::api_error_text(&e)
+                        ))
+                    })?
+                    .ok_or_else(|| bad("it does not exist".to_owned()))?
+                    .data
+                    .and_then(|mut d| d.remove(CA_KEY))
+                    .map(String::into_bytes)
+            }
+        };
+        access.ca_pem = Some(pem.ok_or_else(|| bad(format!("it has no key {CA_KEY}")))?);
+        Ok((access, ca_source))
     }
 
     async fn compile(&self, source: &str, pack: &PluginPack) -> Result<Plugin, RefusalError> {
@@ -1170,6 +1314,7 @@ mod tests {
         PluginPack {
             sha256: sha256_hex(&component),
             component,
+            pull: None,
             grants: Default::default(),
             limits: Limits::default(),
             concurrency,

@@ -19,6 +19,7 @@
 pub mod artifact_cache;
 pub mod bundle;
 pub mod config_maps;
+pub mod oci;
 pub mod pack;
 pub mod status;
 pub mod trust;

@@ -5,7 +5,10 @@
 //!
 //! | key | where | what |
 //! |---|---|---|
-//! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one |
+//! | `plugin.wasm.gz` or `plugin.wasm` | `binaryData` | the component, gzip-compressed (so ~3 MiB fit the 1 MiB object limit) or raw; exactly one, or a `reference` |
+//! | `reference` | `data` | instead of the component: `oci://<registry>/<repository>@sha256:<manifest digest>`, pulled by the host ([`crate::load::oci`]) |
+//! | `pullSecret` | `data`, optional | with `reference`: a `kubernetes.io/dockerconfigjson` Secret of the plugin namespace holding the registry's credentials |
+//! | `registryCA` | `data`, optional | with `reference`: `secret/<name>` or `configmap/<name>` of the plugin namespace whose key `ca.crt` is the registry's CA (PEM); absent: the system's roots |
 //! | `sha256` | `data`, optional | hex sha256 of the *uncompressed* component; a mismatch refuses the load |
 //! | `grants` | `data`, optional | YAML, e.g. `{appCall: [client], exchange: [redis], chaos: true, images: [redis]}`: ports of its own pods the plugin may app-call (HTTP) or hold TCP exchanges with, whether its parents may ask for chaos drills ([`crate::chaos`]), the child kinds it may write, its pods' security level and images ([`crate::pod_inputs`]); absent means none (and any image) |
 //! | `limits` | `data`, optional | YAML, e.g. `{deadlineMs: 5000, memoryMiB: 64, outputKiB: 4096, concurrency: 8}`; each absent field takes the host's default |
@@ -27,6 +30,7 @@ use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::oci::{OciError, PluginReference, PulledComponent};
 use crate::capability::scope::Grants;
 use crate::decide::{Limits, MAX_PLUGIN_MEMORY};
 use crate::rollout::RolloutSpec;
@@ -47,6 +51,14 @@ pub const LIMITS_KEY: &str = "limits";
 pub const MODE_KEY: &str = "mode";
 /// `data` key of a rollout's settings.
 pub const ROLLOUT_KEY: &str = "rollout";
+/// `data` key of the registry reference a pack names instead of carrying the component.
+pub const REFERENCE_KEY: &str = "reference";
+/// `data` key of the pull Secret's name.
+pub const PULL_SECRET_KEY: &str = "pullSecret";
+/// `data` key of the object holding the registry's CA.
+pub const REGISTRY_CA_KEY: &str = "registryCA";
+/// The key of the registry CA's PEM in the Secret or ConfigMap `registryCA` names.
+pub const CA_KEY: &str = "ca.crt";
 
 /// Largest component a pack may decompress to: a bound on gzip bombs, far above any plugin.
 pub const MAX_COMPONENT_BYTES: usize = 32 << 20;
@@ -136,13 +148,45 @@ pub struct PackDefaults {
     pub concurrency: u16,
 }
 
+/// Where a registry CA comes from: an object of the plugin namespace, under [`CA_KEY`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CaSource {
+    /// `secret/<name>`.
+    Secret(String),
+    /// `configmap/<name>`.
+    ConfigMap(String),
+}
+
+impl std::fmt::Display for CaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CaSource::Secret(name) => write!(f, "secret/{name}"),
+            CaSource::ConfigMap(name) => write!(f, "configmap/{name}"),
+        }
+    }
+}
+
+/// How a pack that names its component by digest has it pulled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistryPull {
+    /// The artifact.
+    pub reference: PluginReference,
+    /// The dockerconfigjson Secret with the registry's credentials (`None`: anonymous).
+    pub pull_secret: Option<String>,
+    /// The registry's CA (`None`: the system's roots).
+    pub registry_ca: Option<CaSource>,
+}
+
 /// A decoded, checksum-verified pack, not yet compiled.
 #[derive(Clone, Debug)]
 pub struct PluginPack {
-    /// The component bytes (decompressed).
+    /// The component bytes (decompressed); empty until pulled when `pull` is set.
     pub component: Vec<u8>,
-    /// Hex sha256 of `component`.
+    /// Hex sha256 of `component`; when `pull` is set and nothing is pulled yet, the pin
+    /// (`data.sha256`) or empty.
     pub sha256: String,
+    /// Where the component is pulled from, when the pack names it instead of carrying it.
+    pub pull: Option<RegistryPull>,
     /// What the admin granted.
     pub grants: Grants,
     /// The sandbox limits.
@@ -251,6 +295,33 @@ pub enum PackError {
         /// What is wrong and what to write.
         message: String,
     },
+    /// The pack both carries a component and names one in a registry.
+    #[error(
+        "ConfigMap {config_map} carries a component in binaryData and names one in data[\"{REFERENCE_KEY}\"]; keep only one"
+    )]
+    ComponentAndReference {
+        /// namespace/name.
+        config_map: String,
+    },
+    /// `data.reference` is not a reference by digest.
+    #[error("ConfigMap {config_map}: data[\"{REFERENCE_KEY}\"]: {source}")]
+    Reference {
+        /// namespace/name.
+        config_map: String,
+        /// What is wrong with it.
+        #[source]
+        source: OciError,
+    },
+    /// `data.registryCA` does not name a Secret or ConfigMap.
+    #[error(
+        "ConfigMap {config_map}: data[\"{REGISTRY_CA_KEY}\"] = `{value}`; write `secret/<name>` or `configmap/<name>` of an object in this namespace whose key `{CA_KEY}` is the registry's CA"
+    )]
+    RegistryCa {
+        /// namespace/name.
+        config_map: String,
+        /// The value as written.
+        value: String,
+    },
 }
 
 impl PackError {
@@ -267,6 +338,9 @@ impl PackError {
             PackError::Limits { .. } => "PluginLimitsInvalid",
             PackError::Mode { .. } => "PluginModeInvalid",
             PackError::Rollout { .. } => "PluginRolloutInvalid",
+            PackError::ComponentAndReference { .. } => "PluginMissing",
+            PackError::Reference { source, .. } => source.reason(),
+            PackError::RegistryCa { .. } => "PluginRegistryCaInvalid",
         }
     }
 }
@@ -289,8 +363,16 @@ impl PluginPack {
         let empty_data = BTreeMap::new();
         let data = cm.data.as_ref().unwrap_or(&empty_data);
 
+        let pull = match data.get(REFERENCE_KEY) {
+            None => None,
+            Some(_) if binary.contains_key(GZIP_KEY) || binary.contains_key(RAW_KEY) => {
+                return Err(PackError::ComponentAndReference { config_map });
+            }
+            Some(reference) => Some(registry_pull(&config_map, reference, data)?),
+        };
         let component = match (binary.get(GZIP_KEY), binary.get(RAW_KEY)) {
             (Some(_), Some(_)) => return Err(PackError::TwoComponents { config_map }),
+            (None, None) if pull.is_some() => Vec::new(),
             (None, None) => return Err(PackError::NoComponent { config_map }),
             (Some(ByteString(gz)), None) => gunzip(gz, &config_map)?,
             (None, Some(ByteString(raw))) => {
@@ -300,13 +382,16 @@ impl PluginPack {
                 raw.clone()
             }
         };
-        let sha256 = sha256_hex(&component);
+        let mut sha256 = sha256_hex(&component);
         if let Some(pin) = data.get(SHA256_KEY) {
             let pin = pin.trim().to_ascii_lowercase();
             if pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(PackError::BadPin { config_map, pin });
             }
-            if pin != sha256 {
+            if pull.is_some() {
+                // Checked against the pulled bytes by `take_pulled`.
+                sha256 = pin;
+            } else if pin != sha256 {
                 return Err(PackError::ChecksumMismatch {
                     config_map,
                     expected: pin,
@@ -392,9 +477,13 @@ impl PluginPack {
                 });
             }
         };
+        if pull.is_some() && data.get(SHA256_KEY).is_none() {
+            sha256 = String::new();
+        }
         Ok(Self {
             component,
             sha256,
+            pull,
             grants: Grants {
                 app_call_ports: grants.app_call,
                 exchange_ports: grants.exchange,
@@ -410,6 +499,61 @@ impl PluginPack {
             rollout,
         })
     }
+}
+
+impl PluginPack {
+    /// Takes the component pulled for this pack, checking it against the pack's pin.
+    pub fn take_pulled(
+        &mut self,
+        config_map: &str,
+        pulled: PulledComponent,
+    ) -> Result<(), PackError> {
+        if !self.sha256.is_empty() && self.sha256 != pulled.sha256 {
+            return Err(PackError::ChecksumMismatch {
+                config_map: config_map.to_owned(),
+                expected: self.sha256.clone(),
+                actual: pulled.sha256,
+            });
+        }
+        self.component = pulled.bytes;
+        self.sha256 = pulled.sha256;
+        Ok(())
+    }
+}
+
+/// The pull settings of a pack naming its component by `reference`.
+fn registry_pull(
+    config_map: &str,
+    reference: &str,
+    data: &BTreeMap<String, String>,
+) -> Result<RegistryPull, PackError> {
+    let reference = PluginReference::parse(reference).map_err(|source| PackError::Reference {
+        config_map: config_map.to_owned(),
+        source,
+    })?;
+    let text = |key: &str| {
+        data.get(key)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let registry_ca = match text(REGISTRY_CA_KEY) {
+        None => None,
+        Some(value) => Some(match value.split_once('/') {
+            Some(("secret", name)) if !name.is_empty() => CaSource::Secret(name.to_owned()),
+            Some(("configmap", name)) if !name.is_empty() => CaSource::ConfigMap(name.to_owned()),
+            _ => {
+                return Err(PackError::RegistryCa {
+                    config_map: config_map.to_owned(),
+                    value,
+                });
+            }
+        }),
+    };
+    Ok(RegistryPull {
+        reference,
+        pull_secret: text(PULL_SECRET_KEY),
+        registry_ca,
+    })
 }
 
 impl LimitsSpec {
@@ -500,8 +644,34 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     std::io::Write::write_all(&mut encoder, component)?;
     let gz = encoder.finish()?;
+    let mut cm = settings_config_map(&sha256_hex(component), options);
+    cm.binary_data = Some(BTreeMap::from([(GZIP_KEY.to_string(), ByteString(gz))]));
+    Ok(cm)
+}
+
+/// Builds a pack ConfigMap that names its component in a registry: the reference by digest,
+/// the component's sha256 pinned, and how to pull it.
+pub fn to_reference_config_map(
+    pull: &RegistryPull,
+    component_sha256: &str,
+    options: &PackOptions,
+) -> ConfigMap {
+    let mut cm = settings_config_map(component_sha256, options);
+    let data = cm.data.get_or_insert_with(BTreeMap::new);
+    data.insert(REFERENCE_KEY.to_string(), pull.reference.to_string());
+    if let Some(secret) = &pull.pull_secret {
+        data.insert(PULL_SECRET_KEY.to_string(), secret.clone());
+    }
+    if let Some(ca) = &pull.registry_ca {
+        data.insert(REGISTRY_CA_KEY.to_string(), ca.to_string());
+    }
+    cm
+}
+
+/// A pack ConfigMap without its component: the pin, grants, limits, mode and label.
+fn settings_config_map(component_sha256: &str, options: &PackOptions) -> ConfigMap {
     let mut data = BTreeMap::new();
-    data.insert(SHA256_KEY.to_string(), sha256_hex(component));
+    data.insert(SHA256_KEY.to_string(), component_sha256.to_owned());
     if !options.grants.is_empty() {
         let grants = GrantsSpec {
             app_call: options.grants.app_call_ports.clone(),
@@ -523,7 +693,7 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
     if let Some(rollout) = options.rollout.as_ref() {
         data.insert(ROLLOUT_KEY.to_string(), to_flow_yaml(rollout));
     }
-    Ok(ConfigMap {
+    ConfigMap {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(options.name.clone()),
             namespace: options.namespace.clone(),
@@ -534,9 +704,8 @@ pub fn to_config_map(component: &[u8], options: &PackOptions) -> std::io::Result
             ..Default::default()
         },
         data: Some(data),
-        binary_data: Some(BTreeMap::from([(GZIP_KEY.to_string(), ByteString(gz))])),
         ..Default::default()
-    })
+    }
 }
 
 /// One-line JSON (which is YAML) of a small settings record.
@@ -703,6 +872,72 @@ mod tests {
     fn grants_that_are_not_a_port_list_are_refused() {
         let error = refusal(&with_data(packed(), GRANTS_KEY, "appCall: {port: 1}"));
         assert!(matches!(error, PackError::Grants { .. }), "{error}");
+    }
+
+    const REFERENCE: &str = "oci://127.0.0.1:5000/plugins/probe@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn by_reference() -> ConfigMap {
+        let pull = RegistryPull {
+            reference: PluginReference::parse(REFERENCE).expect("a reference"),
+            pull_secret: Some("registry-login".into()),
+            registry_ca: Some(CaSource::ConfigMap("registry-ca".into())),
+        };
+        to_reference_config_map(
+            &pull,
+            &sha256_hex(COMPONENT),
+            &PackOptions {
+                name: "probe".into(),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_pack_by_reference_round_trips_and_takes_the_pulled_component() {
+        let mut pack =
+            PluginPack::from_config_map(&by_reference(), &defaults()).expect("valid pack");
+        let pull = pack.pull.clone().expect("a pull");
+        assert_eq!(pull.reference.to_string(), REFERENCE);
+        assert_eq!(pull.pull_secret.as_deref(), Some("registry-login"));
+        assert_eq!(
+            pull.registry_ca,
+            Some(CaSource::ConfigMap("registry-ca".into()))
+        );
+        assert!(pack.component.is_empty(), "nothing pulled yet");
+        assert_eq!(pack.sha256, sha256_hex(COMPONENT), "the pin");
+        let other = PulledComponent {
+            bytes: b"other".to_vec(),
+            sha256: sha256_hex(b"other"),
+        };
+        let refused = pack.clone().take_pulled("plugins/probe", other);
+        assert!(
+            matches!(refused, Err(PackError::ChecksumMismatch { .. })),
+            "{refused:?}"
+        );
+        pack.take_pulled(
+            "plugins/probe",
+            PulledComponent {
+                bytes: COMPONENT.to_vec(),
+                sha256: sha256_hex(COMPONENT),
+            },
+        )
+        .expect("the pinned component");
+        assert_eq!(pack.component, COMPONENT);
+    }
+
+    #[test]
+    fn a_pack_by_reference_is_refused_with_a_component_a_tag_or_a_bad_ca() {
+        let mut both = by_reference();
+        both.binary_data = packed().binary_data;
+        assert!(matches!(
+            refusal(&both),
+            PackError::ComponentAndReference { .. }
+        ));
+        let tag = with_data(by_reference(), REFERENCE_KEY, "oci://r.example/p:latest");
+        let error = refusal(&tag);
+        assert_eq!(error.reason(), "PluginReferenceInvalid", "{error}");
+        let ca = with_data(by_reference(), REGISTRY_CA_KEY, "registry-ca");
+        assert!(matches!(refusal(&ca), PackError::RegistryCa { .. }));
     }
 
     #[test]

@@ -17,6 +17,21 @@
 //! rollout:<data.rollout exactly as written>      (only when data.rollout is present)
 //! ```
 //!
+//! A pack that names its component in a registry (`data.reference`, [`crate::load::oci`]) is
+//! signed over one more line, right after `sha256:` (which then holds the pin `data.sha256`,
+//! empty when absent):
+//!
+//! ```text
+//! reference:<data.reference exactly as written>
+//! ```
+//!
+//! The reference ends in the manifest's digest, which pins the layer digest, which the host
+//! checks the pulled bytes against: signing the reference signs the code. Its signature is
+//! checked before anything is pulled, so an unsigned reference never makes the host reach a
+//! registry. Byte packs have no such line, so neither kind's signature verifies for the other.
+//! The pull Secret and the registry CA are not signed: they decide only how the bytes arrive,
+//! and bytes that do not match the signed digest are refused.
+//!
 //! The signature covers everything a ConfigMap writer could otherwise turn against the key
 //! holder's approval (review L1): the code, the grants (what the plugin may reach), the mode (a
 //! shadow flipped to `active` starts writing), a rollout's settings (a canary widened to every
@@ -51,7 +66,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{PrivatePkcs8KeyDer, SubjectPublicKeyInfoDer};
 use sha2::{Digest, Sha256};
 
-use super::pack::{GRANTS_KEY, LIMITS_KEY, MODE_KEY, ROLLOUT_KEY, sha256_hex};
+use super::pack::{GRANTS_KEY, LIMITS_KEY, MODE_KEY, REFERENCE_KEY, ROLLOUT_KEY, sha256_hex};
 
 /// `data` key of the signature: 128 hex digits.
 pub const SIGNATURE_KEY: &str = "signature";
@@ -167,12 +182,18 @@ pub fn key_id(public_key: &[u8]) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The bytes the signature of pack `cm`, whose component hashes to `component_sha256`, covers
-/// (see the module docs).
+/// The bytes the signature of pack `cm`, whose component hashes to `component_sha256` (for a
+/// pack by reference: its pin, empty when absent), covers (see the module docs).
 pub fn signed_message(cm: &ConfigMap, component_sha256: &str) -> Vec<u8> {
     let name = cm.metadata.name.as_deref().unwrap_or_default();
+    let reference = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(REFERENCE_KEY))
+        .map(|r| format!("\nreference:{r}"))
+        .unwrap_or_default();
     let mut message = format!(
-        "policy-host plugin signature v2\nname:{name}\nsha256:{component_sha256}\ngrants:{}\nlimits:{}\nmode:{}\nserial:{}",
+        "policy-host plugin signature v2\nname:{name}\nsha256:{component_sha256}{reference}\ngrants:{}\nlimits:{}\nmode:{}\nserial:{}",
         data_text(cm, GRANTS_KEY),
         data_text(cm, LIMITS_KEY),
         data_text(cm, MODE_KEY),
@@ -574,6 +595,43 @@ mod tests {
         keys.signer().sign(&mut cm, SHA);
         let other = SHA.replace('9', "8");
         let error = keys.policy().verify(&cm, &other).expect_err("altered");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+    }
+
+    const REFERENCE: &str = "oci://registry.example/plugins/etcd@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// A pack by reference signs its reference: another digest (other code) under the same
+    /// signature is refused, and a byte pack's signature does not carry over to a reference.
+    #[test]
+    fn another_digest_under_a_signed_reference_is_refused() {
+        let keys = Keys::new("reference");
+        let mut cm = pack(Some("appCall: [client]"));
+        cm.data
+            .get_or_insert_with(Default::default)
+            .insert(REFERENCE_KEY.into(), REFERENCE.into());
+        keys.signer().sign(&mut cm, SHA);
+        assert_eq!(
+            keys.policy().verify(&cm, SHA).map_err(|e| e.to_string()),
+            Ok(())
+        );
+        let mut moved = cm.clone();
+        moved.data.get_or_insert_with(Default::default).insert(
+            REFERENCE_KEY.into(),
+            REFERENCE.replace("0123456789abcdef0123", "1123456789abcdef0123"),
+        );
+        let error = keys.policy().verify(&moved, SHA).expect_err("moved");
+        assert_eq!(error.reason(), "PluginSignatureInvalid");
+
+        let mut bytes_signed = pack(Some("appCall: [client]"));
+        keys.signer().sign(&mut bytes_signed, SHA);
+        bytes_signed
+            .data
+            .get_or_insert_with(Default::default)
+            .insert(REFERENCE_KEY.into(), REFERENCE.into());
+        let error = keys
+            .policy()
+            .verify(&bytes_signed, SHA)
+            .expect_err("a byte pack's signature under a reference");
         assert_eq!(error.reason(), "PluginSignatureInvalid");
     }
 

@@ -11,7 +11,10 @@ use crate::capability::scope::{Grants, capability_text};
 use crate::contract::CONTRACT_VERSION;
 use crate::decide::{Limits, Plugin, Sandbox};
 use crate::load::bundle;
-use crate::load::pack::{self, LimitsSpec, Mode, PackDefaults, PackOptions};
+use crate::load::oci::{self, OciError, RegistryAccess};
+use crate::load::pack::{
+    self, CaSource, LimitsSpec, Mode, PackDefaults, PackOptions, RegistryPull,
+};
 use crate::load::trust::{self, SigningKey, TrustError};
 use crate::load::{CONTRACT_PACKAGE, LoadError, PluginLoader};
 
@@ -33,6 +36,9 @@ pub enum CliError {
     /// The bundle's CRDs do not fit the plugin.
     #[error(transparent)]
     Bundle(#[from] bundle::BundleError),
+    /// The component could not be pushed to the registry.
+    #[error(transparent)]
+    Oci(#[from] OciError),
     /// The limits given are out of range.
     #[error("{0}")]
     Limits(String),
@@ -142,6 +148,68 @@ pub struct PackRequest {
     /// Write a bundle with these CRD files (one must define the plugin's target) and the
     /// plugin's ClusterRole before the ConfigMap; empty: the ConfigMap alone.
     pub bundle_crds: Vec<PathBuf>,
+    /// Push the component to a registry and write a ConfigMap naming it by digest instead of
+    /// carrying it.
+    pub push: Option<PushRequest>,
+}
+
+/// Where `pack --push` puts the component, and what the ConfigMap tells the host.
+#[derive(Clone, Debug, Default)]
+pub struct PushRequest {
+    /// `oci://<registry>/<repository>[:tag]`.
+    pub target: String,
+    /// PEM of the registry's CA, for the push (`None`: the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// A docker `config.json` with credentials for the registry (`None`: anonymous).
+    pub auth_file: Option<PathBuf>,
+    /// `data.pullSecret`: the dockerconfigjson Secret the host pulls with.
+    pub pull_secret: Option<String>,
+    /// `data.registryCA`: `secret/<name>` or `configmap/<name>` holding `ca.crt`.
+    pub pull_ca: Option<String>,
+}
+
+impl PushRequest {
+    /// The registry access the push uses, read from the files given.
+    fn access(&self, registry: &str) -> Result<(RegistryAccess, String), CliError> {
+        let mut access = RegistryAccess::default();
+        let mut ca_source = "the system's roots".to_owned();
+        if let Some(path) = &self.ca_file {
+            ca_source = path.display().to_string();
+            access.ca_pem = Some(std::fs::read(path).map_err(|e| OciError::BadRegistryCa {
+                source_name: ca_source.clone(),
+                problem: format!("cannot read it ({e})"),
+            })?);
+        }
+        if let Some(path) = &self.auth_file {
+            let bad = |problem: String| OciError::BadPullSecret {
+                secret: path.display().to_string(),
+                problem,
+            };
+            let json = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+            access.credentials = Some(
+                oci::credentials_from_docker_config(&json, registry)
+                    .map_err(&bad)?
+                    .ok_or_else(|| bad(format!("it holds no credentials for {registry}")))?,
+            );
+        }
+        Ok((access, ca_source))
+    }
+
+    /// `data.registryCA` as the pack writes it.
+    fn pull_ca(&self) -> Result<Option<CaSource>, CliError> {
+        let Some(text) = &self.pull_ca else {
+            return Ok(None);
+        };
+        match text.split_once('/') {
+            Some(("secret", name)) if !name.is_empty() => Ok(Some(CaSource::Secret(name.into()))),
+            Some(("configmap", name)) if !name.is_empty() => {
+                Ok(Some(CaSource::ConfigMap(name.into())))
+            }
+            _ => Err(CliError::Write(format!(
+                "--pull-ca `{text}`: write secret/<name> or configmap/<name> (an object of the plugin namespace whose key ca.crt is the registry's CA)"
+            ))),
+        }
+    }
 }
 
 /// Validates the plugin as the host would, then writes its pack ConfigMap as YAML.
@@ -185,8 +253,30 @@ pub async fn pack(
     if !crds.is_empty() {
         bundle::check_crds(plugin.info(), &crds)?;
     }
-    let mut config_map =
-        pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?;
+    let mut config_map = match &request.push {
+        None => {
+            pack::to_config_map(&bytes, &options).map_err(|e| CliError::Write(e.to_string()))?
+        }
+        Some(push) => {
+            let pull_ca = push.pull_ca()?;
+            let registry = push
+                .target
+                .trim()
+                .trim_start_matches(oci::SCHEME)
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let (access, ca_source) = push.access(&registry)?;
+            let reference = oci::push(&push.target, &bytes, &access, &ca_source).await?;
+            let pull = RegistryPull {
+                reference,
+                pull_secret: push.pull_secret.clone(),
+                registry_ca: pull_ca,
+            };
+            pack::to_reference_config_map(&pull, plugin.content_sha256(), &options)
+        }
+    };
     if let Some(signer) = &signer {
         if let Some(serial) = request.serial {
             config_map
@@ -206,8 +296,14 @@ pub async fn pack(
     );
     let yaml = serde_yaml::to_string(&config_map).map_err(|e| CliError::Write(e.to_string()))?;
     if request.bundle_crds.is_empty() {
+        let pushed = config_map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(pack::REFERENCE_KEY))
+            .map(|r| format!(", pushed as {r}"))
+            .unwrap_or_default();
         let header = format!(
-            "# {} packed by `policy-host pack` (sha256 {}, {signed}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
+            "# {} packed by `policy-host pack` (sha256 {}{pushed}, {signed}).\n# Apply it in the namespace the host watches (--plugin-namespace).\n",
             plugin.label(),
             plugin.content_sha256()
         );

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod install;
 pub mod minio;
 pub mod plugins;
+pub mod registry;
 pub mod writes;
 
 use std::path::{Path, PathBuf};
@@ -129,6 +130,7 @@ impl HostUnderTest {
             },
             leader_election: None,
             trust: Default::default(),
+            max_pulled_plugin_bytes: policy_host::load::oci::DEFAULT_MAX_PULL_BYTES,
         })
     }
 

@@ -35,6 +35,7 @@ mod plugin_credentials;
 mod plugin_grants;
 mod plugin_loading;
 mod plugin_metrics;
+mod plugin_oci;
 mod plugin_trust;
 mod real_node;
 mod redis_replication;
