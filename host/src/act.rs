@@ -309,6 +309,19 @@ fn event_reason(reason: &str) -> String {
     reason[..reason.floor_char_boundary(128)].to_owned()
 }
 
+/// The `action` of an Event: `what` and a fingerprint of the note. kube's Recorder folds events
+/// with the same (type, reason, action, object) into one series and keeps only the first note;
+/// the note's fingerprint keeps distinct messages distinct ("added member -1", then "-2", or a
+/// plugin refused for one reason, then another of the same reason) while identical repeats (a
+/// failure retried with backoff) still fold into one series.
+pub fn event_action(what: &str, note: &str) -> String {
+    format!(
+        "{}-{}",
+        &what[..what.floor_char_boundary(100)],
+        fingerprint(note)
+    )
+}
+
 fn fingerprint(text: &str) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(text.as_bytes())[..4]
@@ -916,15 +929,7 @@ impl Executor {
                 EventType::Normal => KubeEventType::Normal,
                 EventType::Warning => KubeEventType::Warning,
             },
-            // kube's Recorder folds events with the same (type, reason, action, object) into
-            // one series and keeps only the first note; a fingerprint of the note in `action`
-            // keeps distinct messages distinct ("added member -1", then "-2") while identical
-            // repeats (a failure retried with backoff) still fold into one series.
-            action: format!(
-                "{}-{}",
-                &reason[..reason.floor_char_boundary(100)],
-                fingerprint(&note)
-            ),
+            action: event_action(&reason, &note),
             reason,
             note: Some(note),
             secondary: None,

@@ -28,6 +28,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process from the command line: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator (uses the in-cluster config or $KUBECONFIG): plugins from files and

@@ -1078,6 +1078,7 @@ impl ConfigMapSource {
                 }
             }
         }
+    }
 
     /// Pulls the component `pack` names into it: credentials and CA read from the objects the
     /// pack names, then [`oci::pull`] and the pin check.
@@ -1265,8 +1266,8 @@ impl ConfigMapSource {
         let event = KubeEvent {
             type_,
             reason: reason.to_string(),
+            action: crate::act::event_action("LoadPlugin", &note),
             note: Some(note),
-            action: "LoadPlugin".to_string(),
             secondary: None,
         };
         let reference = cm.object_ref(&());

@@ -68,6 +68,14 @@ fn by_reference(reference: &PluginReference, sha256: &str, with_ca: bool) -> Con
     )
 }
 
+/// `pack` without its pull Secret: an anonymous pull.
+fn anonymous(mut pack: ConfigMap) -> ConfigMap {
+    if let Some(data) = pack.data.as_mut() {
+        data.remove(pack::PULL_SECRET_KEY);
+    }
+    pack
+}
+
 /// `policy-host pack --push --sign` of the plugin at `path`, as the ConfigMap it writes.
 async fn pack_and_push(
     path: &Path,
@@ -363,7 +371,12 @@ async fn plugins_by_digest_load_swap_and_are_refused_keeping_the_old_one() -> an
             ),
             (
                 "an unreachable registry",
-                signer.sign(by_reference(&unreachable, &v2_sha, true), &v2_sha),
+                // No pull Secret: it holds no credentials for this address, which the host
+                // refuses before any connection (its own Event, checked above).
+                signer.sign(
+                    anonymous(by_reference(&unreachable, &v2_sha, true)),
+                    &v2_sha,
+                ),
                 "PluginPullFailed",
                 dead.to_string(),
             ),
