@@ -31,6 +31,7 @@ export class ProtocolError extends Error {
 export function parseStats(bytes) {
   const text = decoder.decode(bytes);
   const lines = text.split('\r\n');
+  if (lines.at(-1) === '') lines.pop();
   if (ERROR_LINE.test(lines[0])) throw new ProtocolError(`the server answered \`${lines[0]}\` to stats`);
   const stats = {};
   for (const line of lines) {

@@ -38,6 +38,9 @@ const VERSION_PATTERN = /^[0-9]+\.[0-9]+\.[0-9]+$/;
  * field to fix), or undefined.
  */
 export function readSpec(raw = {}) {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+    return { spec: undefined, problem: `spec is ${JSON.stringify(raw)}, not an object; write spec as a mapping (replicas, memoryMiB, version)` };
+  }
   const spec = {
     replicas: raw.replicas ?? DEFAULT_REPLICAS,
     memoryMiB: raw.memoryMiB ?? DEFAULT_MEMORY_MIB,
