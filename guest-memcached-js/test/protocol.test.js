@@ -37,3 +37,18 @@ test('a reply missing a counter, with a non-STAT line or without END is refused'
   assert.throws(() => parseStats(bytes('STAT pid 1\r\nVALUE x 0 1\r\nEND\r\n')), /not a STAT line/);
   assert.throws(() => parseStats(bytes('STAT pid 1\r\n')), /no END/);
 });
+
+test("a reply recorded from Debian 12's memcached 1.6.18 (one item stored) parses whole", async () => {
+  // Recorded with `memcached -p 21211 -U 0 -l 127.0.0.1 -m 64 -c 1024` run as uid 65532 (the
+  // test image's user), after `set k 0 0 5`: the bytes on the wire, CRLFs included.
+  const { readFileSync } = await import('node:fs');
+  const reply = readFileSync(new URL('./recorded/stats-memcached-1.6.18.txt', import.meta.url));
+  const withNext = new Uint8Array([...reply, ...bytes('STAT')]);
+  assert.equal(statsReplyLength(withNext), reply.length);
+  const facts = serverFacts(parseStats(reply));
+  assert.equal(facts.version, '1.6.18');
+  assert.equal(facts.currItems, 1);
+  assert.equal(facts.evictions, 0);
+  assert.equal(facts.memoryMiB, 64);
+  assert.ok(facts.pid > 0 && facts.uptimeSeconds >= 0);
+});
