@@ -13,6 +13,8 @@
 //
 // `exchange(app, request)` below is one request and one reply over a fresh session.
 
+import { encodeUtf8 } from './utf8.js';
+
 /** How long one wait for bytes lasts unless a session says otherwise (ms); the host caps it at 5 s. */
 export const DEFAULT_TIMEOUT_MS = 2000;
 
@@ -56,11 +58,9 @@ export class CredentialError extends AppError {
   }
 }
 
-const encoder = new TextEncoder();
-
 /** `bytes` as a Uint8Array (a string is UTF-8 encoded). */
 export function toBytes(bytes) {
-  return typeof bytes === 'string' ? encoder.encode(bytes) : bytes;
+  return typeof bytes === 'string' ? encodeUtf8(bytes) : bytes;
 }
 
 function concat(a, b) {
@@ -136,7 +136,7 @@ export const frames = {
   },
   /** Everything up to and including the first line that is exactly `terminator` (`END`), CRLF-terminated. */
   untilLine(terminator) {
-    const marker = encoder.encode(`${terminator}\r\n`);
+    const marker = encodeUtf8(`${terminator}\r\n`);
     return (bytes) => {
       for (let start = 0; start <= bytes.length - marker.length; ) {
         if (marker.every((b, i) => bytes[start + i] === b)) return start + marker.length;

@@ -126,7 +126,7 @@ export class Container {
   }
 
   build() {
-    return structuredClone(this.object);
+    return JSON.parse(JSON.stringify(this.object));
   }
 }
 

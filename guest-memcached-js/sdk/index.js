@@ -11,6 +11,7 @@
 // - names.js       — whether the child names derived from the parent's name are valid
 // - app.js         — the App (sessions, exchanges, app-calls, credentials) and its errors
 // - log.js         — lines in the host's log
+// - utf8.js        — text to bytes and back (QuickJS has no TextEncoder)
 // - export.js      — the component's `policy` export for a plugin
 // - testing.js     — native fakes: observation builder, ScriptedApp, decision readers
 // - host.js        — the App over the WIT imports (component only; not re-exported here)
@@ -23,4 +24,5 @@ export * from './conditions.js';
 export * from './names.js';
 export * from './app.js';
 export * as log from './log.js';
+export { decodeUtf8, encodeUtf8 } from './utf8.js';
 export { exportPlugin } from './export.js';

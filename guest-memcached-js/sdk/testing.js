@@ -15,9 +15,8 @@
 import { AppCallError, CredentialError, ExchangeError, Session } from './app.js';
 import { sameKind, summary } from './contract.js';
 import { Observation } from './observation.js';
+import { decodeUtf8, encodeUtf8 } from './utf8.js';
 
-const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
 const hexBytes = (hex) => Uint8Array.from(hex.match(/../g) ?? [], (h) => parseInt(h, 16));
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -147,7 +146,7 @@ export class ScriptedApp {
       .filter(({ row }) => row.pod === pod && (row.port === undefined || row.port === port))
       .filter(({ row }) => (row.sent === undefined ? row.error !== undefined : same(row.sent, sent)));
     const entry = matching.find(({ index }) => !this.used.has(index)) ?? matching.at(-1);
-    const round = { pod, port, sent: decoder.decode(sent) };
+    const round = { pod, port, sent: decodeUtf8(sent) };
     this.log.push(round);
     if (!entry) {
       round.error = 'unreachable';
@@ -158,7 +157,7 @@ export class ScriptedApp {
       round.error = entry.row.error;
       throw new ExchangeError(entry.row.error, 'scripted');
     }
-    round.reply = decoder.decode(entry.row.reply);
+    round.reply = decodeUtf8(entry.row.reply);
     return entry.row.reply;
   }
 
@@ -176,7 +175,7 @@ export class ScriptedApp {
 }
 
 function toBytes(bytes) {
-  return typeof bytes === 'string' ? encoder.encode(bytes) : bytes;
+  return typeof bytes === 'string' ? encodeUtf8(bytes) : bytes;
 }
 
 /** The objects a decision applies, of `kind` (and named `name`, if given). */

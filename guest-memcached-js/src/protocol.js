@@ -3,19 +3,18 @@
 // statistics"): the reply is `STAT <name> <value>\r\n` lines closed by `END\r\n`; a server
 // that cannot answer sends one `ERROR`, `CLIENT_ERROR <why>` or `SERVER_ERROR <why>` line.
 
-import { frames } from '../sdk/index.js';
+import { decodeUtf8, frames } from '../sdk/index.js';
 
 /** The request: general-purpose statistics. */
 export const STATS_REQUEST = 'stats\r\n';
 
-const decoder = new TextDecoder();
 const untilEnd = frames.untilLine('END');
 const ERROR_LINE = /^(ERROR|CLIENT_ERROR|SERVER_ERROR)\b/;
 
 /** Frame check for a `stats` reply: its length once complete (through `END\r\n`, or one error line). */
 export function statsReplyLength(bytes) {
   const firstLine = frames.line(bytes);
-  if (firstLine !== undefined && ERROR_LINE.test(decoder.decode(bytes.slice(0, firstLine)))) return firstLine;
+  if (firstLine !== undefined && ERROR_LINE.test(decodeUtf8(bytes.slice(0, firstLine)))) return firstLine;
   return untilEnd(bytes);
 }
 
@@ -29,7 +28,7 @@ export class ProtocolError extends Error {
 
 /** The `STAT` lines of a complete reply, as `{ name: value }` (text values), or a ProtocolError. */
 export function parseStats(bytes) {
-  const text = decoder.decode(bytes);
+  const text = decodeUtf8(bytes);
   const lines = text.split('\r\n');
   if (lines.at(-1) === '') lines.pop();
   if (ERROR_LINE.test(lines[0])) throw new ProtocolError(`the server answered \`${lines[0]}\` to stats`);

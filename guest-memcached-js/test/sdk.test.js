@@ -142,3 +142,14 @@ test('an observation whose parent is not JSON is refused with the reason Invalid
   const exported = exportPlugin(plugin((o) => o.parentName()), new ScriptedApp());
   assert.throws(() => exported.reconcile({ ...raw(), parent: '{' }), (e) => e.payload.reason === 'InvalidObservation');
 });
+
+test('the SDK encodes and decodes UTF-8 as TextEncoder and TextDecoder do', async () => {
+  const { decodeUtf8, encodeUtf8 } = await import('../sdk/utf8.js');
+  for (const sample of ['', 'stats\r\n', 'é', '€ 100', '𝄞 clef', 'mixed ß 中文 🚀']) {
+    assert.deepEqual(encodeUtf8(sample), new TextEncoder().encode(sample), sample);
+    assert.equal(decodeUtf8(new TextEncoder().encode(sample)), sample, sample);
+  }
+  for (const bad of [[0xff], [0xc3], [0xe2, 0x82], [0xed, 0xa0, 0x80], [0xc0, 0xaf], [0x61, 0x80, 0x62]]) {
+    assert.equal(decodeUtf8(Uint8Array.from(bad)), new TextDecoder().decode(Uint8Array.from(bad)), JSON.stringify(bad));
+  }
+});
