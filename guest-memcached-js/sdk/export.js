@@ -29,13 +29,17 @@ function witAction(action) {
   }
 }
 
-/** Milliseconds as the WIT's `option<u64>`. */
-function witRequeue(ms) {
+/**
+ * Milliseconds as the WIT's `option<u64>`: a BigInt under componentize-js (jco's convention
+ * for 64-bit integers), a Number under componentize-qjs (which converts from f64). Which one
+ * the bindings use shows in the observation they handed over: `now.seconds` is an `s64`.
+ */
+function witRequeue(ms, bigints) {
   if (ms === undefined || ms === null) return undefined;
   if (!Number.isFinite(ms) || ms < 0) {
     throw new PolicyError('PluginFailed', `requeueAfterMs ${ms} is not a number of milliseconds >= 0; this is a bug in the plugin`);
   }
-  return BigInt(Math.round(ms));
+  return bigints ? BigInt(Math.round(ms)) : Math.round(ms);
 }
 
 /**
@@ -74,7 +78,7 @@ export function exportPlugin(plugin, app) {
         const decision = plugin.reconcile(new Observation(rawObservation), app);
         return {
           actions: (decision.actions ?? []).map(witAction),
-          requeueAfterMs: witRequeue(decision.requeueAfterMs),
+          requeueAfterMs: witRequeue(decision.requeueAfterMs, typeof rawObservation.now.seconds === 'bigint'),
         };
       });
     },
@@ -86,7 +90,7 @@ export function exportPlugin(plugin, app) {
         return {
           actions: (decision.actions ?? []).map(witAction),
           done: Boolean(decision.done),
-          requeueAfterMs: witRequeue(decision.requeueAfterMs),
+          requeueAfterMs: witRequeue(decision.requeueAfterMs, typeof rawObservation.now.seconds === 'bigint'),
         };
       });
     },

@@ -113,7 +113,7 @@ const plugin = (reconcile) => ({
 });
 const raw = () => observation({ metadata: { name: 'p' } }).raw();
 
-test('the export edge hands the host JSON text and a BigInt requeue', () => {
+test('the export edge hands the host JSON text, and a requeue as the bindings represent a u64', () => {
   const exported = exportPlugin(
     plugin(() => ({ actions: [Action.apply({ kind: 'Pod', metadata: { name: 'p-0' } }), Action.setStatus({ ok: true })], requeueAfterMs: 1500 })),
     new ScriptedApp(),
@@ -124,6 +124,8 @@ test('the export edge hands the host JSON text and a BigInt requeue', () => {
     { tag: 'set-status', val: '{"ok":true}' },
   ]);
   assert.equal(decision.requeueAfterMs, 1500n);
+  const quickjs = exported.reconcile({ ...raw(), now: { seconds: 1_767_225_600, nanoseconds: 0 } });
+  assert.equal(quickjs.requeueAfterMs, 1500, 'a Number where the bindings hand over Numbers (componentize-qjs)');
   assert.deepEqual(exported.finalize(raw()), { actions: [], done: true, requeueAfterMs: undefined });
 });
 
