@@ -107,14 +107,17 @@ export function decide(facts) {
         : condition('Ready', false, 'ServersNotAnswering', `${readyServers} of ${spec.replicas} servers answer stats`);
 
   const missing = wanted.filter((o) => !at.get(o)).length;
+  // Starting: not answering yet and not ready yet; a ready server that does not answer is
+  // Degraded (below), not progressing.
+  const starting = wanted.map((o) => at.get(o)).filter((s) => s && s.answer === undefined && !(s.ready && s.error)).length;
   const surplus = live.filter((s) => s.ordinal === undefined || s.ordinal >= spec.replicas).length;
   const progressing =
     outdated.length > 0
       ? condition('Progressing', true, 'RollingUpdate', `${outdated.length} server(s) run another image or memory size; replacing one at a time`)
       : missing > 0 || surplus > 0 || going.size > 0
         ? condition('Progressing', true, 'Scaling', `${wanted.length - missing} of ${spec.replicas} servers exist; ${surplus} to remove, ${going.size} going`)
-        : readyServers < spec.replicas
-          ? condition('Progressing', true, 'Starting', `${spec.replicas - readyServers} server(s) not answering yet`)
+        : starting > 0
+          ? condition('Progressing', true, 'Starting', `${starting} server(s) starting`)
           : condition('Progressing', false, 'Converged', `${spec.replicas} servers run ${config}`);
 
   const failing = live

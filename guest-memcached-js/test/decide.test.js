@@ -200,6 +200,8 @@ test('a ready server that answers ERROR to stats is Degraded ServerNotAnswering,
   assert.equal(degraded.reason, 'ServerNotAnswering');
   assert.match(degraded.message, /demo-1: the server answered `ERROR` to stats/);
   assert.equal(status(decision).readyServers, 1);
+  assert.equal(condition(decision, 'Ready').status, 'False');
+  assert.equal(condition(decision, 'Progressing').status, 'False', 'a ready server that does not answer is not starting');
 });
 
 test('a server still starting (not ready, not reachable) is Progressing Starting, not Degraded', () => {
