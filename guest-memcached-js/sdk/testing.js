@@ -204,3 +204,63 @@ export function events(decision) {
 export function summarize(decision) {
   return decision.actions.map(summary);
 }
+
+/**
+ * Runs `plugin` against an in-memory model of its parent and children until a decision
+ * changes nothing (the Rust SDK's `Harness::converge`, and `policy-host simulate` natively):
+ * applies replace a child (keeping the `status` the model gave it), deletes remove it at once,
+ * `set-status` replaces the parent's status, Events are collected. `kubelet(object)` stands in
+ * for the cluster: it gets each applied child and returns it as observed (give a Pod its
+ * `status` there). Time moves by each decision's requeue (1 s without one).
+ *
+ * `children` seeds the model with observed children (a pool as it ran before a change).
+ * Returns `{ parent, children, events, decisions }` once converged; throws after `steps`
+ * decisions that each changed something.
+ */
+export function converge(plugin, parent, { app = new ScriptedApp(), steps = 20, at = 1_767_225_600, kubelet = (object) => object, children = [] } = {}) {
+  const kinds = plugin.describe().children;
+  const kindOf = (object) => kinds.find((k) => k.kind === object.kind && (k.group ? `${k.group}/${k.version}` : k.version) === object.apiVersion);
+  const key = (kind, name) => `${kind.group}/${kind.kind}/${name}`;
+  const model = { parent: JSON.parse(JSON.stringify(parent)), children: new Map() };
+  for (const object of children) {
+    const kind = kindOf(object);
+    if (!kind) throw new Error(`seeded child ${object.kind}/${object.metadata?.name} is of no kind the plugin declares`);
+    model.children.set(key(kind, object.metadata.name), { kind, object });
+  }
+  const events = [];
+  const decisions = [];
+  let seconds = at;
+  for (let step = 0; step < steps; step++) {
+    const builder = observation(model.parent).at(seconds);
+    for (const { kind, object } of model.children.values()) builder.child(kind, object);
+    const decision = plugin.reconcile(builder.build(), app);
+    decisions.push(decision);
+    let changed = false;
+    for (const action of decision.actions) {
+      if (action.tag === 'apply') {
+        const kind = kindOf(action.val);
+        if (!kind) throw new Error(`${summary(action)}: the plugin does not declare this kind in describe().children`);
+        const k = key(kind, action.val.metadata.name);
+        const before = model.children.get(k)?.object;
+        const applied = JSON.parse(JSON.stringify(action.val));
+        if (before?.status) applied.status = before.status;
+        const observed = kubelet(applied);
+        if (JSON.stringify(observed) !== JSON.stringify(before)) changed = true;
+        model.children.set(k, { kind, object: observed });
+      } else if (action.tag === 'delete') {
+        changed = model.children.delete(key(action.val.kind, action.val.name)) || changed;
+      } else if (action.tag === 'set-status') {
+        if (JSON.stringify(action.val) !== JSON.stringify(model.parent.status)) changed = true;
+        model.parent.status = action.val;
+      } else if (action.tag === 'record-event') {
+        events.push(action.val);
+        changed = true;
+      }
+    }
+    if (!changed) {
+      return { parent: model.parent, children: [...model.children.values()].map((c) => c.object), events, decisions };
+    }
+    seconds += (decision.requeueAfterMs ?? 1000) / 1000;
+  }
+  throw new Error(`no convergence within ${steps} decisions: each changed the model; raise steps or check the plugin`);
+}

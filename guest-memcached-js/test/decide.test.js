@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
 import { children } from '../sdk/index.js';
-import { ScriptedApp, applied, deleted, events, status, summarize } from '../sdk/testing.js';
+import { ScriptedApp, applied, converge, deleted, events, status, summarize } from '../sdk/testing.js';
 import { CONFIG_ANNOTATION } from '../src/children.js';
 import { REQUEUE_BUSY_MS, REQUEUE_STEADY_MS, STATS_REFRESH_SECONDS } from '../src/decide.js';
 import { PLUGIN_VERSION, memcachedPlugin } from '../src/memcached.js';
@@ -217,4 +217,40 @@ test('Pods not yet running are not asked anything', () => {
   const app = new ScriptedApp();
   decide(pool({ replicas: 2 }), [serverPodObject(0, {}, { phase: 'Pending' }), serverPodObject(1, {}, { terminating: true })], app);
   assert.deepEqual(app.sessionLog(), []);
+});
+
+/** The cluster as the converge model sees it: every Pod runs and is ready at once. */
+function runningPods(object) {
+  if (object.kind !== 'Pod') return object;
+  const ordinalNumber = Number(object.metadata.name.split('-').at(-1));
+  return { ...object, status: { phase: 'Running', podIP: `10.0.0.${ordinalNumber + 10}`, conditions: [{ type: 'Ready', status: 'True' }] } };
+}
+
+test('a new pool converges to Ready and then stays put', () => {
+  const { parent, children: made, events: recorded } = converge(memcachedPlugin, pool({ replicas: 3 }), {
+    app: answering([0, 1, 2]),
+    kubelet: runningPods,
+  });
+  assert.equal(parent.status.readyServers, 3);
+  assert.deepEqual(parent.status.conditions.map((c) => `${c.type}=${c.status}`), ['Ready=True', 'Progressing=False', 'Degraded=False']);
+  assert.deepEqual(made.map((o) => `${o.kind}/${o.metadata.name}`).sort(), [
+    'Pod/demo-0', 'Pod/demo-1', 'Pod/demo-2', 'PodDisruptionBudget/demo', 'Service/demo', 'Service/demo-servers',
+  ]);
+  assert.deepEqual(recorded, []);
+});
+
+test('a version change converges with every server replaced, one at a time', () => {
+  const before = converge(memcachedPlugin, pool({ replicas: 3, version: '1.6.17' }), { app: answering([0, 1, 2]), kubelet: runningPods });
+  const { parent, children: after, events: recorded, decisions } = converge(
+    memcachedPlugin,
+    { ...pool({ replicas: 3, version: '1.6.18' }), status: before.parent.status },
+    { app: answering([0, 1, 2]), kubelet: runningPods, children: before.children },
+  );
+  assert.deepEqual(
+    after.filter((o) => o.kind === 'Pod').map((p) => p.spec.containers[0].image),
+    ['memcached:1.6.18', 'memcached:1.6.18', 'memcached:1.6.18'],
+  );
+  assert.deepEqual(recorded.map((e) => e.reason), ['ServerReplaced', 'ServerReplaced', 'ServerReplaced']);
+  for (const decision of decisions) assert.ok(deleted(decision, pod).length <= 1, 'at most one server goes per decision');
+  assert.equal(parent.status.conditions.find((c) => c.type === 'Progressing').reason, 'Converged');
 });
