@@ -78,6 +78,13 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
 
     // Its own native tests (the SDK harness), as the author runs them.
     cargo(&dir, &["test", "--quiet"], &target_dir);
+    // Its CRD is generated from its spec type, as the in-tree plugins' are, and current:
+    // `crd.yaml` under the new name is what `crdgen` makes of the renamed type.
+    cargo(
+        &dir,
+        &["test", "--quiet", "--features", "crd", "--test", "crd"],
+        &target_dir,
+    );
     // The component, as the guide builds it.
     cargo(
         &dir,

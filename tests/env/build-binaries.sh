@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Builds the real control-plane binaries the tests and the demo run: kube-apiserver and
-# kube-controller-manager from the Go module k8s.io/kubernetes, and etcd/etcdctl/etcdutl from
-# the go.etcd.io modules, into a cache keyed by version. A second run finds them and returns
-# in well under a second. Why a wrapper module: k8s.io/kubernetes and etcd's server module use
-# `replace` directives, so `go install mod@version` refuses them; a throwaway module that
-# requires them and maps every replaced module to its published version builds them as-is.
+# Builds the programs the test environment itself runs: kube-apiserver and
+# kube-controller-manager from the Go module k8s.io/kubernetes, and the control plane's own etcd
+# (its store, not an app) from the go.etcd.io modules, into a cache keyed by version. A second
+# run finds them and returns in well under a second. Why a wrapper module: k8s.io/kubernetes and
+# etcd's server module use `replace` directives, so `go install mod@version` refuses them; a
+# throwaway module that requires them and maps every replaced module to its published version
+# builds them as-is.
 #
-# Redis is not built: the distribution's redis-server (Debian 12: 7.0.x) is installed with apt
-# from the package redis-tools, which holds the server binary but no service, so nothing is
-# left running; the cache gets links named as the programs.
+# Apps are not named here. The images a plugin's tests run are declared next to the plugin
+# (`test-images.yaml`, read by tests/src/images/declared.rs); a declared Go program is built by
+# the generic family `go` below, Debian packages are fetched by the test environment itself.
 #
-# MinIO and mc (family s3) are plain modules without `replace` directives: `go install
-# mod@version` builds each into its own cache directory (cold: ~5 min each on 2 cores). They
-# are not part of `all`: only the S3 backup test needs them, and it builds them on demand.
-# Helm (family helm) is the same kind of module, built on demand by the chart test only.
+# go <name> <module>@<version>... -- <program>=<package>...: a wrapper module requiring each
+# module (the first one's `./staging/` replaces mapped as above) and one `go build` per program,
+# into $cache/bin/<name>/<program>. The caller picks <name> (a hash of the arguments), so one
+# build per recipe; cold, minutes; cached, instant.
+# Helm (family helm) is a plain module built on demand by the chart test only.
 # The OCI registry (family registry: distribution's `registry`, the CNCF reference registry)
-# is one too, built on demand by the OCI plugin suite only.
+# is a plain module too, built on demand by the OCI plugin suite only.
 # The fault campaign's client (family campaign) is a main package of ours,
 # tests/env/campaign-writer/main.go, built in a module of its own that requires porcupine and
 # etcd's client; keyed by the source's hash and the versions, built on demand by the campaign.
@@ -26,8 +28,9 @@
 # (`pause.c`, static) and, from Debian with apt, the CNI plugins and nftables (kube-proxy's
 # backend). Cold on 2 cores with the kube build cache warm: about 8 minutes (BENCHMARKS.md).
 #
-# Usage: build-binaries.sh                          # kube, etcd, redis and node of versions.env
-#        build-binaries.sh kube|etcd|redis|node|s3|helm|registry|campaign  # one family
+# Usage: build-binaries.sh                     # kube, the control plane's etcd and node
+#        build-binaries.sh kube|etcd|node|helm|registry|campaign  # one family
+#        build-binaries.sh go <name> <module>@<version>... -- <program>=<package>...
 # Env:   POLICY_HOST_CACHE (default ~/.cache/policy-host), KUBEBUILDER_ASSETS (use existing
 #        kube-apiserver/etcd binaries from there instead of building them).
 set -euo pipefail
@@ -134,34 +137,38 @@ build_etcd() {
   say "etcd $version: done -> $out"
 }
 
-install_redis() {
-  local out="$cache/bin/redis-$REDIS_SERIES"
-  if [ -x "$out/redis-server" ] && [ -x "$out/redis-cli" ] && [ -s "$out/VERSION" ]; then
-    say "redis $(cat "$out/VERSION"): installed, linked in $out"; return
+# The generic Go build for declared images (see the header): $1 names the output directory,
+# then module@version pairs, `--`, then program=package pairs.
+build_go() {
+  local name=$1; shift
+  local out="$cache/bin/$name"
+  local requires=() programs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do requires+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  programs=("$@")
+  [ ${#requires[@]} -gt 0 ] && [ ${#programs[@]} -gt 0 ] \
+    || { say "go $name: give module@version... -- program=package..."; exit 2; }
+  local pair missing=0
+  for pair in "${programs[@]}"; do [ -x "$out/${pair%%=*}" ] || missing=1; done
+  if [ $missing = 0 ]; then
+    say "go $name: cached in $out"; return
   fi
-  # redis-tools ships the server as redis-check-rdb; it behaves as redis-server when run
-  # under that name (it reads argv[0]), which is what the link in the cache is for.
-  if ! command -v redis-check-rdb >/dev/null || ! command -v redis-cli >/dev/null; then
-    if [ "$(id -u)" != 0 ]; then
-      say "redis-server is missing: run 'apt-get install redis-tools' as root (or rerun this as root)"; exit 1
-    fi
-    say "redis: apt-get install redis-tools (no service is started: the package has none)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-tools >/dev/null \
-      || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-tools >/dev/null; } \
-      || { say "could not install redis-tools with apt-get"; exit 1; }
-  fi
-  local server version
-  server=$(command -v redis-check-rdb)
-  mkdir -p "$out"
-  ln -sf "$server" "$out/redis-server"
-  ln -sf "$(command -v redis-cli)" "$out/redis-cli"
-  version=$("$out/redis-server" --version | sed -n 's/.* v=\([0-9.]*\) .*/\1/p')
-  case "$version" in
-    "$REDIS_SERIES".*) ;;
-    *) say "the installed redis-server is '$version', not of the series $REDIS_SERIES in versions.env"; exit 1 ;;
-  esac
-  echo "$version" >"$out/VERSION"
-  say "redis $version: linked in $out"
+  need_go
+  local work="$cache/work/$name" first=${requires[0]}
+  say "go $name: preparing wrapper module for ${requires[*]}"
+  wrapper_module "${first%@*}" "${first##*@}" "${first##*@}" "$work"
+  local module
+  for module in "${requires[@]:1}"; do echo "require ${module%@*} ${module##*@}" >>"$work/go.mod"; done
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  ( cd "$work"
+    with_heartbeat "go $name modules" go mod download
+    for pair in "${programs[@]}"; do
+      say "go $name: building ${pair%%=*} from ${pair#*=}"
+      with_heartbeat "go $name ${pair%%=*}" go build -trimpath -ldflags "-s -w" -o "$out.tmp/${pair%%=*}" "${pair#*=}"
+    done )
+  printf '%s\n' "${requires[@]}" >"$out.tmp/MODULES"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  say "go $name: done -> $out"
 }
 
 # Installs the main package of Go module $2@$3 as $1 into $cache/bin/$1-$3, with a VERSION
@@ -190,10 +197,6 @@ build_registry() {
   install_go_program registry github.com/distribution/distribution/v3/cmd/registry "$REGISTRY_VERSION"
 }
 
-build_s3() {
-  install_go_program minio github.com/minio/minio "$MINIO_VERSION"
-  install_go_program mc github.com/minio/mc "$MC_VERSION"
-}
 
 # Installs Debian packages $2.. unless the file $1 already exists (root needed for apt).
 apt_install() {
@@ -324,7 +327,7 @@ EOF_GO
 # so an edit rebuilds it; the build prints the directory's path last (the campaign reads it).
 build_campaign() {
   need_go
-  local client_version=${ETCD_VERSIONS%% *}
+  local client_version=$CONTROL_PLANE_ETCD_VERSION
   local sum out work
   sum=$( { cat "$here/campaign-writer/main.go"; echo "$PORCUPINE_VERSION $client_version"; } | sha256sum | cut -c1-12)
   out="$cache/bin/campaign-writer-$sum"
@@ -346,11 +349,13 @@ build_campaign() {
   echo "$out/campaign-writer"
 }
 
-# One build of a family at a time per cache: an on-demand build (a suite's `ensure_s3`) waits
-# for the same family's build already running (`cargo xtask test` starts s3 and helm in the
-# background) and then finds it done.
+# One build of a family (of one `go` recipe) at a time per cache: an on-demand build (a suite's
+# declared image) waits for the same build already running (`cargo xtask test` starts the
+# declared images and helm in the background) and then finds it done.
 mkdir -p "$cache"
-exec 9>"$cache/.build-$what.lock"
+lock=$what
+[ "$what" = go ] && lock="go-${2:-}"
+exec 9>"$cache/.build-$lock.lock"
 if ! flock -n 9; then
   say "another build of '$what' into $cache is running: waiting for it"
   flock 9
@@ -359,18 +364,17 @@ fi
 if [ -n "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$KUBEBUILDER_ASSETS/kube-apiserver" ]; then
   say "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has kube-apiserver: using it, not building kubernetes"
   [ "$what" = kube ] && exit 0
-  [ "$what" = all ] && { install_redis; build_node; what=etcd; }
+  [ "$what" = all ] && { build_node; what=etcd; }
 fi
 
 case "$what" in
   kube) build_kube ;;
-  etcd) for v in $ETCD_VERSIONS; do build_etcd "$v"; done ;;
-  redis) install_redis ;;
+  etcd) build_etcd "$CONTROL_PLANE_ETCD_VERSION" ;;
   node) build_node ;;
-  s3) build_s3 ;;
+  go) shift; build_go "$@" ;;
   helm) build_helm ;;
   registry) build_registry ;;
   campaign) build_campaign ;;
-  all) install_redis; for v in $ETCD_VERSIONS; do build_etcd "$v"; done; build_kube; build_node ;;
-  *) say "unknown target '$what': use kube, etcd, redis, node, s3, helm, registry, campaign or all"; exit 2 ;;
+  all) build_etcd "$CONTROL_PLANE_ETCD_VERSION"; build_kube; build_node ;;
+  *) say "unknown target '$what': use kube, etcd, node, helm, registry, campaign, go or all"; exit 2 ;;
 esac

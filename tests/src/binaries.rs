@@ -1,8 +1,8 @@
-//! Locating the kube-apiserver, kube-controller-manager, etcd and redis binaries, building (or
-//! installing) them once per process with `tests/env/build-binaries.sh` when they are missing.
-//! MinIO and `mc` (family `s3`) are built separately, only when a test asks for them
-//! ([`Binaries::ensure_s3`]): most tests do not need them, and they take ~10 minutes cold.
-//! The real node's programs (family `node`: kubelet, kube-proxy, kube-scheduler, containerd,
+//! Locating the programs the test environment itself runs (kube-apiserver,
+//! kube-controller-manager, the control plane's own etcd), building them once per process with
+//! `tests/env/build-binaries.sh` when they are missing. No app is named here: a Go program an
+//! image declares is built by the script's generic `go` family ([`Binaries::build_go`]), on
+//! demand. The real node's programs (family `node`: kubelet, kube-proxy, kube-scheduler, containerd,
 //! runc, CoreDNS, the pause program, Debian's CNI plugins and nftables) are part of `all`, and
 //! [`Binaries::ensure_node`] builds what is missing when a test starts a node. The fault
 //! campaign's client (family `campaign`, [`Binaries::ensure_campaign_writer`]) is built on
@@ -23,10 +23,7 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Binaries {
     kubernetes_version: String,
-    etcd_versions: Vec<String>,
-    redis_series: String,
-    minio_version: String,
-    mc_version: String,
+    control_plane_etcd_version: String,
     helm_version: String,
     registry_version: String,
     containerd_version: String,
@@ -39,8 +36,6 @@ pub struct Binaries {
 
 /// The outcome of the one build attempt of this process (errors are kept as text to be shareable).
 static ENSURED: OnceLock<Result<Binaries, String>> = OnceLock::new();
-/// The outcome of the one `s3` build attempt of this process.
-static ENSURED_S3: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `node` build attempt of this process.
 static ENSURED_NODE: OnceLock<Result<(), String>> = OnceLock::new();
 /// The outcome of the one `helm` build attempt of this process.
@@ -70,7 +65,7 @@ impl Binaries {
         if binaries.missing().is_empty() {
             return Ok(binaries);
         }
-        run_build_script(None, &binaries.missing())?;
+        run_build_script(&[], &binaries.missing())?;
         match binaries.missing().first() {
             None => Ok(binaries),
             Some(missing) => Err(Error::MissingBinary {
@@ -80,11 +75,45 @@ impl Binaries {
         }
     }
 
-    /// Makes sure `minio` and `mc` are built, running `build-binaries.sh s3` when they are
-    /// missing (at most once per process; cold, about 10 minutes on 2 cores). Blocking: from
-    /// async code, call it through `tokio::task::spawn_blocking`.
-    pub fn ensure_s3(&self) -> Result<()> {
-        ensure_family(&ENSURED_S3, "s3", || self.s3_missing())
+    /// Builds the Go programs of `recipe` (once per recipe and cache: the output directory is
+    /// named by a hash of it) with `build-binaries.sh go`, and returns the directory holding
+    /// them, each under its program name. Blocking (cold: minutes; cached: instant): from async
+    /// code, call it through `tokio::task::spawn_blocking`.
+    pub fn build_go(&self, recipe: &GoPrograms) -> Result<PathBuf> {
+        let name = recipe.cache_name();
+        let dir = self.cache_bin.join(&name);
+        let missing: Vec<String> = recipe
+            .programs
+            .iter()
+            .map(|(program, _)| dir.join(program))
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(dir);
+        }
+        let mut args = vec!["go".to_owned(), name];
+        args.extend(recipe.modules.iter().cloned());
+        args.push("--".into());
+        args.extend(
+            recipe
+                .programs
+                .iter()
+                .map(|(program, package)| format!("{program}={package}")),
+        );
+        run_build_script(&args, &missing)?;
+        match recipe
+            .programs
+            .iter()
+            .map(|(program, _)| dir.join(program))
+            .find(|path| !path.is_file())
+        {
+            None => Ok(dir),
+            Some(still) => Err(Error::MissingBinary {
+                binary: still.display().to_string(),
+                path: dir,
+            }),
+        }
     }
 
     /// Makes sure the real node's programs are there, running `build-binaries.sh node` when
@@ -132,10 +161,10 @@ impl Binaries {
         Ok(registry)
     }
 
-    /// Builds the fault campaign's client (`tests/env/campaign-writer`: an etcd writer that
-    /// checks its history with porcupine) with `build-binaries.sh campaign` unless the build
-    /// of its current source is cached (cold: well under a minute with the etcd modules
-    /// downloaded), and returns its path. Blocking: from async code, call it through
+    /// Builds the fault campaign's client (`tests/env/campaign-writer`: a writer that checks
+    /// its history with porcupine) with `build-binaries.sh campaign` unless the build of its
+    /// current source is cached (cold: well under a minute with its modules downloaded), and
+    /// returns its path. Blocking: from async code, call it through
     /// `tokio::task::spawn_blocking`.
     pub fn ensure_campaign_writer(&self) -> Result<PathBuf> {
         ENSURED_CAMPAIGN
@@ -265,37 +294,6 @@ impl Binaries {
         &self.pause_image
     }
 
-    fn s3_missing(&self) -> Vec<String> {
-        [self.minio(), self.mc_path()]
-            .into_iter()
-            .filter(|path| !path.is_file())
-            .map(|path| path.display().to_string())
-            .collect()
-    }
-
-    /// Path of the MinIO server of versions.env (built by [`Binaries::ensure_s3`]).
-    pub fn minio(&self) -> PathBuf {
-        self.cache_bin
-            .join(format!("minio-{}", self.minio_version))
-            .join("minio")
-    }
-
-    fn mc_path(&self) -> PathBuf {
-        self.cache_bin
-            .join(format!("mc-{}", self.mc_version))
-            .join("mc")
-    }
-
-    /// Path of the MinIO client `mc` of versions.env, if built.
-    pub fn mc(&self) -> Option<PathBuf> {
-        Some(self.mc_path()).filter(|path| path.is_file())
-    }
-
-    /// The `mc` version of versions.env (a Go pseudo-version), for messages.
-    pub fn mc_version(&self) -> &str {
-        &self.mc_version
-    }
-
     /// Reads the versions and the environment without checking or building anything.
     pub fn locate() -> Result<Binaries> {
         let path = env_dir().join("versions.env");
@@ -314,19 +312,7 @@ impl Binaries {
                 })
         };
         let kubernetes_version = var("KUBERNETES_VERSION")?;
-        let etcd_versions: Vec<String> = var("ETCD_VERSIONS")?
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect();
-        if etcd_versions.is_empty() {
-            return Err(Error::Versions {
-                path,
-                reason: "ETCD_VERSIONS is empty".into(),
-            });
-        }
-        let redis_series = var("REDIS_SERIES")?;
-        let minio_version = var("MINIO_VERSION")?;
-        let mc_version = var("MC_VERSION")?;
+        let control_plane_etcd_version = var("CONTROL_PLANE_ETCD_VERSION")?;
         let helm_version = var("HELM_VERSION")?;
         let registry_version = var("REGISTRY_VERSION")?;
         let containerd_version = var("CONTAINERD_VERSION")?;
@@ -345,10 +331,7 @@ impl Binaries {
             .filter(|dir| dir.join("kube-apiserver").is_file());
         Ok(Binaries {
             kubernetes_version,
-            etcd_versions,
-            redis_series,
-            minio_version,
-            mc_version,
+            control_plane_etcd_version,
             helm_version,
             registry_version,
             containerd_version,
@@ -368,42 +351,11 @@ impl Binaries {
                 missing.push(path.display().to_string());
             }
         }
-        for version in &self.etcd_versions {
-            let dir = self.cache_bin.join(format!("etcd-{version}"));
-            for name in ["etcd", "etcdctl", "etcdutl"] {
-                if !dir.join(name).is_file() {
-                    missing.push(dir.join(name).display().to_string());
-                }
-            }
-        }
-        let redis = self.redis_series_dir();
-        for name in ["redis-server", "redis-cli"] {
-            if !redis.join(name).is_file() {
-                missing.push(redis.join(name).display().to_string());
-            }
+        let etcd = self.control_plane_etcd();
+        if !etcd.is_file() {
+            missing.push(etcd.display().to_string());
         }
         missing
-    }
-
-    fn redis_series_dir(&self) -> PathBuf {
-        self.cache_bin.join(format!("redis-{}", self.redis_series))
-    }
-
-    /// The full version of the installed redis-server (`7.0.15`), if installed.
-    pub fn redis_version(&self) -> Option<String> {
-        let text = std::fs::read_to_string(self.redis_series_dir().join("VERSION")).ok()?;
-        Some(text.trim().to_owned()).filter(|v| !v.is_empty())
-    }
-
-    /// Directory holding `redis-server` and `redis-cli` for an image tag `version` of the
-    /// installed series (`7.0.15`, `7.0.11` or `7.0`): the distribution picks the patch
-    /// release, so any patch of the series runs the installed one.
-    pub fn redis_dir(&self, version: &str) -> Option<PathBuf> {
-        self.redis_version()?;
-        let matches =
-            version == self.redis_series || version.starts_with(&format!("{}.", self.redis_series));
-        let dir = self.redis_series_dir();
-        (matches && dir.join("redis-server").is_file()).then_some(dir)
     }
 
     fn kubernetes_dir(&self) -> PathBuf {
@@ -445,54 +397,87 @@ impl Binaries {
     }
 
     /// Path of the etcd the control plane stores its own data in: `KUBEBUILDER_ASSETS/etcd` if
-    /// present, else the default version's.
+    /// present, else the one of `CONTROL_PLANE_ETCD_VERSION` (versions.env).
     pub fn control_plane_etcd(&self) -> PathBuf {
         match &self.assets {
             Some(dir) if dir.join("etcd").is_file() => dir.join("etcd"),
             _ => self
                 .cache_bin
-                .join(format!("etcd-{}", self.default_etcd_version()))
+                .join(format!("etcd-{}", self.control_plane_etcd_version))
                 .join("etcd"),
         }
     }
+}
 
-    /// Directory holding `etcd`, `etcdctl` and `etcdutl` of `version` (`v3.6.16`; `3.6.16` is
-    /// accepted too), if that version is listed in versions.env and built.
-    pub fn etcd_dir(&self, version: &str) -> Option<PathBuf> {
-        let version = format!("v{}", version.trim_start_matches('v'));
-        if !self.etcd_versions.contains(&version) {
-            return None;
+/// Go programs to build (the generic `go` family of `build-binaries.sh`): a wrapper module
+/// requiring `modules` (`module@version`; the first one's `./staging/` replaces are mapped to
+/// published versions, as Kubernetes needs), then one `go build` per program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoPrograms {
+    /// `module@version` pairs the wrapper module requires, the main one first.
+    pub modules: Vec<String>,
+    /// `(program name, package path)`: each package is built into a file of that name.
+    pub programs: Vec<(String, String)>,
+}
+
+impl GoPrograms {
+    /// The cache directory's name: the main module's last path element and version, and a hash
+    /// over the whole recipe (another recipe never reuses a build).
+    fn cache_name(&self) -> String {
+        use sha2::Digest as _;
+        let mut hasher = sha2::Sha256::new();
+        for module in &self.modules {
+            hasher.update(module.as_bytes());
+            hasher.update(b"\n");
         }
-        let dir = self.cache_bin.join(format!("etcd-{version}"));
-        dir.join("etcd").is_file().then_some(dir)
-    }
-
-    /// The etcd versions available, in the order of versions.env.
-    pub fn etcd_versions(&self) -> &[String] {
-        &self.etcd_versions
-    }
-
-    /// The first etcd version of versions.env: the control plane's own, and the one tests use
-    /// unless they ask for another.
-    pub fn default_etcd_version(&self) -> &str {
-        // `locate` refuses an empty list.
-        self.etcd_versions.first().map_or("v3.6.16", String::as_str)
+        for (program, package) in &self.programs {
+            hasher.update(format!("{program}={package}\n").as_bytes());
+        }
+        let hash: String = hasher
+            .finalize()
+            .iter()
+            .take(6)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let main = self.modules.first().map_or("", String::as_str);
+        let (module, version) = main.rsplit_once('@').unwrap_or((main, ""));
+        let last = module
+            .split('/')
+            .rev()
+            .find(|part| {
+                !(part.len() >= 2
+                    && part.starts_with('v')
+                    && part[1..].bytes().all(|b| b.is_ascii_digit()))
+            })
+            .unwrap_or("go");
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect()
+        };
+        format!("go-{}-{}-{hash}", clean(last), clean(version))
     }
 }
 
-/// Runs `build-binaries.sh [family]` because `missing` are, with its progress on our stderr
+/// Runs `build-binaries.sh [args]` because `missing` are, with its progress on our stderr
 /// (both streams, so `cargo test` shows a cold build making progress).
-fn run_build_script(family: Option<&str>, missing: &[String]) -> Result<()> {
+fn run_build_script(args: &[String], missing: &[String]) -> Result<()> {
     let script = env_dir().join("build-binaries.sh");
     eprintln!(
         "policy-host-testenv: missing {}; running {} {} (progress below)",
         missing.join(", "),
         script.display(),
-        family.unwrap_or_default()
+        args.join(" ")
     );
     let status = Command::new("bash")
         .arg(&script)
-        .args(family)
+        .args(args)
         .stdout(std::io::stderr())
         .stderr(Stdio::inherit())
         .status()
@@ -524,7 +509,7 @@ fn ensure_family(
         if before.is_empty() {
             return Ok(());
         }
-        run_build_script(Some(family), &before).map_err(|e| e.to_string())?;
+        run_build_script(&[family.to_owned()], &before).map_err(|e| e.to_string())?;
         match missing().first() {
             None => Ok(()),
             Some(still) => Err(format!(

@@ -5,7 +5,8 @@
 //! everything as local processes:
 //!
 //! - [`binaries`] finds (or builds once, with `tests/env/build-binaries.sh`) kube-apiserver,
-//!   kube-controller-manager and the etcd versions listed in `tests/env/versions.env`;
+//!   kube-controller-manager and the control plane's own etcd of `tests/env/versions.env`, and
+//!   builds the Go programs an image declares;
 //! - [`control_plane`] starts etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 with
 //!   token auth and RBAC, and writes a kubeconfig;
 //! - [`pod_runner`] is a test kubelet: it registers a Node, binds Pods to it and runs their
@@ -13,13 +14,17 @@
 //!   one hosts file bind-mounted over `/etc/hosts` in a private mount namespace per Pod;
 //! - [`node`] is a real node instead: containerd, runc, a kubelet, the CNI bridge, CoreDNS and
 //!   kube-proxy beside a control plane serving on the bridge, running Pods from images that
-//!   [`images`] makes from the built binaries (and, for the host, from `deploy/Dockerfile`);
-//!   [`install`] runs the README's install commands against it;
+//!   [`images`] makes: the ones a plugin declares in a `test-images.yaml` beside it (Debian
+//!   packages, Go programs, files; [`images::declared`]) and the host's own from
+//!   `deploy/Dockerfile`; [`install`] runs the README's install commands against it;
 //! - [`shared_node`] starts a control plane and a real node once per test process, and
 //!   [`shared`] a control plane and the pod runner, each on a dedicated thread with its own
 //!   tokio runtime, so that every `#[tokio::test]` (each with a runtime of its own) can use it.
 //!   Both give a [`TestEnv`], whose `kill_pod`, `fail_pod`, `pod_logs` and `claim_dir` do what
-//!   a test needs the way the node at hand can. The end-to-end suites run on the real node; the
+//!   a test needs the way the node at hand can. Both load the images the crate under test
+//!   declares (`test-images.yaml` in its directory), and `provide_images` loads others.
+//!
+//! This crate names no app: what runs in the Pods is the caller's, declared next to it. The end-to-end suites run on the real node; the
 //!   pod runner stays for the benches whose Pods no kubelet should run, and its own tests.
 //!
 //! ```no_run
@@ -70,7 +75,7 @@ pub use shared::{TestEnv, TestNamespace, shared, shared_blocking, shared_node};
 pub enum Error {
     /// `tests/env/versions.env` could not be read or lacks a variable.
     #[error(
-        "could not read versions from {path}: {reason}; it must define KUBERNETES_VERSION and ETCD_VERSIONS"
+        "could not read versions from {path}: {reason}; it must define KUBERNETES_VERSION, CONTROL_PLANE_ETCD_VERSION and the node's versions"
     )]
     Versions {
         /// The versions file.

@@ -782,13 +782,11 @@ async fn create_default_storage_class(plane: &ControlPlane) -> Result<()> {
     }
 }
 
-/// The images every node gets: the pod sandbox, etcd of each built version (as the
-/// `gcr.io/etcd-development/etcd:v<version>` the etcd plugin runs), Redis of the installed
-/// series (`redis:<version>`), and `minio/mc` when the s3 family is built. Written into
-/// `dir` (cached by content).
-pub fn standard_images(binaries: &Binaries, dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut specs = Vec::new();
-    specs.push(ImageSpec {
+/// The images every node gets, whatever it runs: the pod sandbox (containerd pins it). Apps'
+/// images are declared by the plugins whose tests run them ([`crate::images::declared`]) and
+/// loaded by [`crate::TestEnv`]. Written into `dir` (cached by content).
+pub fn base_images(binaries: &Binaries, dir: &Path) -> Result<Vec<PathBuf>> {
+    let pause = ImageSpec {
         entrypoint: vec!["/pause".into()],
         ..ImageSpec::new(
             binaries.pause_image(),
@@ -797,57 +795,6 @@ pub fn standard_images(binaries: &Binaries, dir: &Path) -> Result<Vec<PathBuf>> 
                 path: "/pause".into(),
             }],
         )
-    });
-    for version in binaries.etcd_versions() {
-        let Some(etcd) = binaries.etcd_dir(version) else {
-            continue;
-        };
-        let files = ["etcd", "etcdctl", "etcdutl"]
-            .iter()
-            .map(|name| ImageFile {
-                source: etcd.join(name),
-                path: format!("/usr/local/bin/{name}"),
-            })
-            .collect();
-        specs.push(ImageSpec {
-            entrypoint: vec!["/usr/local/bin/etcd".into()],
-            ..ImageSpec::new(format!("gcr.io/etcd-development/etcd:{version}"), files)
-        });
-    }
-    if let Some(version) = binaries.redis_version()
-        && let Some(redis) = binaries.redis_dir(&version)
-    {
-        let files = ["redis-server", "redis-cli"]
-            .iter()
-            .map(|name| ImageFile {
-                source: redis.join(name),
-                path: format!("/usr/local/bin/{name}"),
-            })
-            .collect();
-        specs.push(ImageSpec {
-            cmd: vec!["redis-server".into()],
-            ..ImageSpec::new(format!("redis:{version}"), files)
-        });
-    }
-    specs.extend(mc_image(binaries));
-    specs.iter().map(|spec| spec.write_archive(dir)).collect()
+    };
+    Ok(vec![pause.write_archive(dir)?])
 }
-
-/// The `mc` image ([`MC_IMAGE`]), when the s3 family is built (`build-binaries.sh s3`, or
-/// [`Binaries::ensure_s3`]); a node started before that gets it with `TestEnv::load_image`.
-pub fn mc_image(binaries: &Binaries) -> Option<ImageSpec> {
-    let mc = binaries.mc()?;
-    Some(ImageSpec {
-        entrypoint: vec!["mc".into()],
-        ..ImageSpec::new(
-            MC_IMAGE,
-            vec![ImageFile {
-                source: mc,
-                path: "/usr/bin/mc".into(),
-            }],
-        )
-    })
-}
-
-/// The `mc` image the etcd plugin's S3 backups default to.
-pub const MC_IMAGE: &str = "minio/mc:RELEASE.2025-03-12T17-29-24Z";

@@ -2,6 +2,10 @@
 //! with its own tokio runtime: [`shared`] (a control plane and the pod runner) and
 //! [`shared_node`] (a control plane and a real node).
 //!
+//! Both load the images the crate under test declares (`$CARGO_MANIFEST_DIR/test-images.yaml`,
+//! [`crate::images::declared`]), so a plugin's tests find their app's images on the node the way
+//! envtest users find their CRDs installed; [`TestEnv::provide_images`] loads more on demand.
+//!
 //! Why a thread of its own: every `#[tokio::test]` has a runtime that dies with the test, and
 //! anything shared (watchers, container supervisors, the processes' parent thread for
 //! `PR_SET_PDEATHSIG`) must outlive all tests. Tests talk to it only through the API server,
@@ -20,7 +24,8 @@ use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::control_plane::{client_from, kube_config_from, random_hex};
-use crate::images::ImageSpec;
+use crate::images::declared::{self, Declarations};
+use crate::images::{ImageSpec, MadeImage};
 use crate::node::{Node, NodeNetwork};
 use crate::{
     Binaries, ControlPlane, ControlPlaneOptions, Error, PodRunner, PodRunnerHandle, Result,
@@ -38,11 +43,15 @@ pub struct TestEnv {
     logs: Vec<(String, PathBuf)>,
     pods: Pods,
     setup_time: Duration,
+    /// The declared images made and loaded at start (the crate under test's).
+    images: Vec<MadeImage>,
+    /// Images loaded so far, by archive (node) or name (runner): each goes in once.
+    loaded: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// A test's own namespace (dereferences to its name), deleted with everything in it when
 /// dropped. Why: suites share one control plane and node per test process, and a finished
-/// test's etcd members would otherwise keep running (taking CPU and the node's Pod slots)
+/// test's app Pods would otherwise keep running (taking CPU and the node's Pod slots)
 /// until the process ends. A test that panicked keeps its namespace for a look afterwards.
 #[derive(Debug)]
 pub struct TestNamespace {
@@ -154,9 +163,9 @@ fn start() -> Result<TestEnv, String> {
             };
             runtime.block_on(async move {
                 let started = Instant::now();
-                match start_on_this_thread().await {
+                let started_env = match start_on_this_thread().await {
                     Ok((plane, runner, binaries)) => {
-                        let env = TestEnv {
+                        let mut env = TestEnv {
                             binaries,
                             kubeconfig: plane.kubeconfig_path().to_owned(),
                             server: plane.server_url().to_owned(),
@@ -164,7 +173,17 @@ fn start() -> Result<TestEnv, String> {
                             logs: plane.log_paths(),
                             pods: Pods::Runner(runner.handle()),
                             setup_time: started.elapsed(),
+                            images: Vec::new(),
+                            loaded: Default::default(),
                         };
+                        env.load_declared_images_of_crate_under_test()
+                            .map(|()| (env, plane, runner))
+                    }
+                    Err(e) => Err(e),
+                };
+                match started_env {
+                    Ok((mut env, plane, runner)) => {
+                        env.setup_time = started.elapsed();
                         eprintln!(
                             "policy-host-testenv: control plane {} and pod runner up in {:.1} s (files in {})",
                             env.server,
@@ -240,12 +259,12 @@ async fn create_namespace(client: kube::Client, prefix: &str) -> Result<String> 
 
 /// The shared real-node environment: the control plane (with kube-scheduler, serving on
 /// [`crate::node::NODE_IP`]) and one node (containerd, kubelet, CNI bridge, CoreDNS,
-/// kube-proxy) with the standard images imported.
+/// kube-proxy) with the pod sandbox and the crate under test's declared images imported.
 static SHARED_NODE: OnceLock<Result<TestEnv, String>> = OnceLock::new();
 
 /// The shared real-node environment, started on first call (binaries ensured, node family
-/// included; bridge, control plane, images and node started: about 15 s with everything
-/// cached). Later calls return the same environment, or the same startup error. Torn down when
+/// included; bridge, control plane, node started and the declared images loaded: about 15 s
+/// with everything cached). Later calls return the same environment, or the same startup error. Torn down when
 /// the test process ends (a watchdog process does it: statics are never dropped).
 pub async fn shared_node() -> Result<&'static TestEnv> {
     if let Some(ready) = SHARED_NODE.get() {
@@ -278,11 +297,11 @@ fn start_node_env() -> Result<TestEnv, String> {
             };
             runtime.block_on(async move {
                 let started = Instant::now();
-                match start_node_on_this_thread().await {
+                let started_env = match start_node_on_this_thread().await {
                     Ok((network, plane, node, binaries, images_dir)) => {
                         let mut logs = plane.log_paths();
                         logs.extend(node.log_paths());
-                        let env = TestEnv {
+                        let mut env = TestEnv {
                             binaries,
                             kubeconfig: plane.kubeconfig_path().to_owned(),
                             server: plane.server_url().to_owned(),
@@ -294,7 +313,17 @@ fn start_node_env() -> Result<TestEnv, String> {
                                 pod_logs: node.pod_logs_dir(),
                             },
                             setup_time: started.elapsed(),
+                            images: Vec::new(),
+                            loaded: Default::default(),
                         };
+                        env.load_declared_images_of_crate_under_test()
+                            .map(|()| (env, network, plane, node))
+                    }
+                    Err(e) => Err(e),
+                };
+                match started_env {
+                    Ok((mut env, network, plane, node)) => {
+                        env.setup_time = started.elapsed();
                         eprintln!(
                             "policy-host-testenv: control plane {} and real node up in {:.1} s (files in {})",
                             env.server,
@@ -335,7 +364,7 @@ async fn start_node_on_this_thread() -> Result<(NodeNetwork, ControlPlane, Node,
     )
     .await?;
     let images_dir = binaries.cache_dir().join("images");
-    let images = crate::node::standard_images(&binaries, &images_dir)?;
+    let images = crate::node::base_images(&binaries, &images_dir)?;
     let node = Node::start(
         &plane,
         &network,
@@ -348,6 +377,67 @@ async fn start_node_on_this_thread() -> Result<(NodeNetwork, ControlPlane, Node,
 }
 
 impl TestEnv {
+    /// Makes and loads the images of `$CARGO_MANIFEST_DIR/test-images.yaml`, when cargo runs
+    /// a crate that has one. Called once, on the environment's own thread, before it is shared.
+    fn load_declared_images_of_crate_under_test(&mut self) -> Result<()> {
+        let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") else {
+            return Ok(());
+        };
+        let path = PathBuf::from(dir).join(declared::FILE_NAME);
+        if !path.is_file() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let images = self.provide_images_blocking(&path)?;
+        eprintln!(
+            "policy-host-testenv: {} declared image(s) of {} made and loaded in {:.1} s: {}",
+            images.len(),
+            path.display(),
+            started.elapsed().as_secs_f64(),
+            images
+                .iter()
+                .map(MadeImage::name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.images = images;
+        Ok(())
+    }
+
+    /// The declared images loaded when the environment started (the crate under test's
+    /// `test-images.yaml`).
+    pub fn images(&self) -> &[MadeImage] {
+        &self.images
+    }
+
+    /// The image named `name` among [`TestEnv::images`].
+    pub fn image(&self, name: &str) -> Option<&MadeImage> {
+        self.images.iter().find(|image| image.name() == name)
+    }
+
+    /// Makes the images declared in `path` (a `test-images.yaml` and what it includes) and
+    /// loads them into the node (or the pod runner), each once per process: what a test does
+    /// for an image only it needs. Returns them, for their names and programs.
+    pub async fn provide_images(&'static self, path: &Path) -> Result<Vec<MadeImage>> {
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || self.provide_images_blocking(&path))
+            .await
+            .map_err(|e| Error::Shared(format!("making images panicked: {e}")))?
+    }
+
+    /// [`TestEnv::provide_images`] for code outside a runtime (blocking: a cold image builds
+    /// its Go programs or fetches its Debian packages, minutes; a cached one, about a second).
+    pub fn provide_images_blocking(&self, path: &Path) -> Result<Vec<MadeImage>> {
+        let declarations = Declarations::read(path)?;
+        let mut made = Vec::new();
+        for declaration in &declarations.images {
+            let image = declaration.make(&self.binaries)?;
+            self.load_image(&image.spec)?;
+            made.push(image);
+        }
+        Ok(made)
+    }
+
     /// The kubeconfig (admin token, TLS verification off), for kubectl or other processes.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
@@ -556,11 +646,35 @@ impl TestEnv {
     }
 
     /// Writes `image` as an archive (cached) and imports it into the node's containerd, so Pods
-    /// naming it start without a registry. Only a real node has images.
+    /// naming it start without a registry; on the pod runner, loads it there
+    /// ([`PodRunnerHandle::add_image`]). An archive already imported by this process is not
+    /// imported again.
     pub fn load_image(&self, image: &ImageSpec) -> Result<()> {
-        let (images_dir, containerd_socket) = self.node_parts()?;
-        let archive = image.write_archive(images_dir)?;
-        crate::node::import_image(&self.binaries.ctr(), containerd_socket, &archive)
+        let mut loaded = self
+            .loaded
+            .lock()
+            .map_err(|_| Error::Shared("the loaded-images lock was poisoned".into()))?;
+        match &self.pods {
+            Pods::Runner(runner) => {
+                runner.add_image(image);
+                loaded.insert(image.name.clone());
+                Ok(())
+            }
+            Pods::Node {
+                images_dir,
+                containerd_socket,
+                ..
+            } => {
+                let archive = image.write_archive(images_dir)?;
+                let key = archive.display().to_string();
+                if loaded.contains(&key) {
+                    return Ok(());
+                }
+                crate::node::import_image(&self.binaries.ctr(), containerd_socket, &archive)?;
+                loaded.insert(key);
+                Ok(())
+            }
+        }
     }
 
     /// Kills a container on the real node with SIGKILL through its containerd (`ctr tasks

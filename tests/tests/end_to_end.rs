@@ -291,7 +291,7 @@ async fn an_etcd_pod_serves_etcdctl_from_its_claim() -> Result<()> {
             "spec": {
                 "hostname": "etcd-0", "subdomain": "etcd",
                 "containers": [{
-                    "name": "etcd", "image": format!("quay.io/coreos/etcd:{version}"),
+                    "name": "etcd", "image": format!("gcr.io/etcd-development/etcd:{version}"),
                     "command": ["/usr/local/bin/etcd"],
                     "args": [
                         "--name=$(POD_NAME)", "--data-dir=/var/lib/etcd",
@@ -325,11 +325,7 @@ async fn an_etcd_pod_serves_etcdctl_from_its_claim() -> Result<()> {
     )
     .await?;
     let ip = pod.status.and_then(|s| s.pod_ip).context("no pod IP")?;
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(version)
-        .context("etcd not built")?
-        .join("etcdctl");
+    let etcdctl = etcdctl(env, version)?;
     let health = tokio::process::Command::new(&etcdctl)
         .args([
             &format!("--endpoints=http://{ip}:2379"),
@@ -355,7 +351,8 @@ async fn an_etcd_pod_serves_etcdctl_from_its_claim() -> Result<()> {
         "etcd's data lives in the claim's directory"
     );
 
-    // An etcd version that is not built waits like an image that cannot be pulled.
+    // An image the runner was not given (and a container naming no command) waits like an
+    // image that cannot be pulled.
     create_pod(
         &pods,
         serde_json::json!({
@@ -530,7 +527,7 @@ async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_repl
                     "template": {
                         "metadata": {"labels": {"app": "etcd"}},
                         "spec": {"containers": [{
-                            "name": "etcd", "image": format!("registry.k8s.io/etcd:{}-0", version.trim_start_matches('v')),
+                            "name": "etcd", "image": format!("gcr.io/etcd-development/etcd:{version}"),
                             "command": ["etcd"],
                             "args": [
                                 "--name=$(POD_NAME)", "--data-dir=/var/lib/etcd/data",
@@ -545,7 +542,7 @@ async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_repl
                                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                             ],
-                            "readinessProbe": {"exec": {"command": ["etcdctl", "endpoint", "health"]}, "periodSeconds": 2},
+                            "readinessProbe": {"exec": {"command": ["etcdctl", "--endpoints=http://127.0.0.1:2379", "endpoint", "health"]}, "periodSeconds": 2},
                             "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
                         }]},
                     },
@@ -569,11 +566,7 @@ async fn a_three_member_etcd_statefulset_forms_a_cluster_and_survives_a_pod_repl
         )
         .await?;
     }
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(version)
-        .context("etcd not built")?
-        .join("etcdctl");
+    let etcdctl = etcdctl(env, version)?;
     let cluster_health = || async {
         let ip = runner(env).pod_ip(&ns, "etcd-0").await?;
         // Members advertise DNS names: resolve them as a Pod would.
@@ -646,7 +639,7 @@ async fn a_failing_liveness_probe_restarts_the_container() -> Result<()> {
 #[tokio::test]
 async fn an_image_change_restarts_the_container_in_place_on_the_new_version() -> Result<()> {
     let env = shared().await?;
-    let versions = env.binaries().etcd_versions().to_vec();
+    let versions = etcd_versions(env);
     let [new, old, ..] = versions.as_slice() else {
         eprintln!("skipped: needs two etcd versions, the environment has {versions:?}");
         return Ok(());
@@ -732,6 +725,23 @@ async fn an_image_change_restarts_the_container_in_place_on_the_new_version() ->
 }
 
 /// The pod runner of the shared environment (these are its own tests).
+/// The versions of the etcd images the environment loaded (tests/test-images.yaml includes the
+/// etcd plugin's declarations), in declared order.
+fn etcd_versions(env: &TestEnv) -> Vec<String> {
+    env.images()
+        .iter()
+        .filter(|image| image.repository() == "gcr.io/etcd-development/etcd")
+        .map(|image| image.tag().to_owned())
+        .collect()
+}
+
+/// `etcdctl` of the loaded etcd image of `version`.
+fn etcdctl(env: &TestEnv, version: &str) -> Result<std::path::PathBuf> {
+    env.image(&format!("gcr.io/etcd-development/etcd:{version}"))
+        .and_then(|image| image.program("etcdctl"))
+        .with_context(|| format!("no etcd image {version} loaded: tests/test-images.yaml includes guest-etcd's declarations"))
+}
+
 fn runner(env: &TestEnv) -> &policy_host_testenv::PodRunnerHandle {
     env.pod_runner()
         .expect("shared() runs Pods on the pod runner")

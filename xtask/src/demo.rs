@@ -9,7 +9,8 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use policy_host_testenv::node::{NODE_IP, Node, NodeNetwork, standard_images};
+use policy_host_testenv::images::Declarations;
+use policy_host_testenv::node::{NODE_IP, Node, NodeNetwork, base_images};
 use policy_host_testenv::{Binaries, ControlPlane, ControlPlaneOptions, install};
 use serde_json::{Value, json};
 
@@ -61,10 +62,16 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     .await?;
     let client = control_plane.client().await?;
     step(
-        "making the images (etcd, redis, pause, and policy-host as deploy/Dockerfile lays it out, with the dev build above)",
+        "making the images (those guest-etcd/test-images.yaml declares, pause, and policy-host as deploy/Dockerfile lays it out, with the dev build above)",
     );
     let images_dir = binaries.cache_dir().join("images");
-    let mut images = standard_images(&binaries, &images_dir)?;
+    let mut images = base_images(&binaries, &images_dir)?;
+    let mut app_images = Vec::new();
+    for declaration in Declarations::read(&root.join("guest-etcd/test-images.yaml"))?.images {
+        let made = declaration.make(&binaries)?;
+        images.push(made.spec.write_archive(&images_dir)?);
+        app_images.push(made);
+    }
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let host_image = install::host_image(root, &install::host_binary_path(root), &plugin)?;
@@ -105,8 +112,9 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
 
     let kube_dir = kubectl.parent().map(Path::to_path_buf).unwrap_or_default();
-    let etcd_dir = binaries
-        .etcd_dir(binaries.default_etcd_version())
+    let etcd_dir = app_images
+        .iter()
+        .find_map(|image| image.program("etcdctl")?.parent().map(Path::to_path_buf))
         .unwrap_or_default();
     println!(
         "\nThe cluster is yours to explore while this runs. In another shell:\n\n  export KUBECONFIG={}\n  export PATH={}:{}:$PATH\n  kubectl get etcd,pods,svc -A\n  kubectl -n policy-host logs deploy/policy-host\n  etcdctl --endpoints http://$(kubectl get svc {name}-client -o jsonpath='{{.spec.clusterIP}}'):2379 member list -w table\n  kubectl -n policy-host apply --server-side -f my-app.yaml   # a plugin bundle (policy-host pack --bundle) loads in the host's namespace\n\nLogs: control plane {}/control-plane/logs, node {}/node/logs\nPress Ctrl-C to tear everything down.\n",

@@ -155,21 +155,24 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     built?;
     plugins_built?;
     go_built?;
-    let log = root.join("target/build-binaries-s3-helm.log");
+    let log = root.join("target/build-binaries-helm.log");
     step(&format!(
-        "MinIO, mc and helm build in the background at the lowest priority (log: {})",
+        "helm builds in the background at the lowest priority (log: {}), and the images the plugins declare are made beside the first suites",
         log.display()
     ));
     let file =
         std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
     let mut late = Background::spawn(
         Command::new("nice")
-            .args(["-n", "19", "bash", "-c", r#""$0" s3 && "$0" helm"#])
+            .args(["-n", "19", "bash"])
             .arg(&script)
+            .arg("helm")
             .stdout(file.try_clone()?)
             .stderr(file),
-        "build-binaries.sh s3, helm",
+        "build-binaries.sh helm",
     )?;
+    let images_root = root.to_owned();
+    let images_made = std::thread::spawn(move || declared_images(&images_root));
     step("cargo test --workspace (unit, sandbox and end-to-end suites)");
     let tested = run(policy_host_test_plugins::cargo_command()
         // Not --all-targets: benches are bench binaries, run by `cargo bench`.
@@ -180,8 +183,33 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
         late.stop();
     }
     let late_built = late.wait();
+    let images_made = images_made
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the image thread panicked")));
     tested?;
+    images_made?;
     late_built
+}
+
+/// The declaration files of the images the suites run: the ones every suite finds on the node,
+/// and those a few suites load on demand (mc for S3, MariaDB).
+const DECLARED_IMAGES: &[&str] = &[
+    "tests/e2e/test-images.yaml",
+    "guest-etcd/test-images-s3.yaml",
+    "guest-mariadb/test-images.yaml",
+];
+
+/// Makes (or finds cached) the images of [`DECLARED_IMAGES`], so that no suite waits for a cold
+/// Go build or a Debian download (a suite that gets there first waits for the same build).
+fn declared_images(root: &Path) -> anyhow::Result<()> {
+    let binaries = policy_host_testenv::Binaries::ensure()?;
+    for file in DECLARED_IMAGES {
+        for declaration in policy_host_testenv::images::Declarations::read(&root.join(file))?.images
+        {
+            declaration.make(&binaries)?;
+        }
+    }
+    Ok(())
 }
 
 /// A build running beside others; stopped (by its process group) if dropped unfinished.

@@ -306,13 +306,12 @@ fn etcd_clusters() -> ApiResource {
 }
 
 fn etcd_version(env: &TestEnv, minor: &str) -> Result<String> {
-    env.binaries()
-        .etcd_versions()
+    policy_host_e2e::apps::etcd_versions(env)
         .iter()
         .map(|v| v.trim_start_matches('v').to_owned())
         .find(|v| v.starts_with(&format!("{minor}.")))
         .ok_or_else(|| {
-            anyhow!("no etcd {minor}.x in the test environment; see tests/env/versions.env")
+            anyhow!("no etcd {minor}.x in the test environment; declare it in guest-etcd/test-images.yaml")
         })
 }
 
@@ -527,9 +526,7 @@ async fn bench() -> Result<()> {
     policy_host_e2e::install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let plugin = policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow!("{e}"))?;
     let (old, new) = (etcd_version(env, "3.5")?, etcd_version(env, "3.6")?);
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(&format!("v{new}"))
+    let etcdctl = policy_host_e2e::apps::etcd_dir(env, &format!("v{new}"))
         .context("etcd 3.6 is not in the test environment")?
         .join("etcdctl");
 

@@ -457,13 +457,13 @@ impl Campaign {
         let _ = examples
             .delete("example-etcd-cluster", &DeleteParams::background())
             .await;
-        let versions = env.binaries().etcd_versions();
+        let versions = policy_host_e2e::apps::etcd_versions(env);
         if versions.len() < 2 {
-            bail!("versions.env names one etcd version; the campaign's upgrade needs two");
+            bail!(
+                "guest-etcd/test-images.yaml declares one etcd version; the campaign's upgrade needs two"
+            );
         }
-        let etcdctl = env
-            .binaries()
-            .etcd_dir(&versions[0])
+        let etcdctl = policy_host_e2e::apps::etcd_dir(env, &versions[0])
             .ok_or_else(|| anyhow!("etcd {} is not built", versions[0]))?
             .join("etcdctl");
         let evidence = std::env::temp_dir().join("fault-campaign");

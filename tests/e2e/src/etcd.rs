@@ -49,15 +49,14 @@ where
 
 /// An etcd version of the test environment by minor, e.g. `3.6` → `3.6.16`.
 pub fn etcd_version(env: &TestEnv, minor: &str) -> anyhow::Result<String> {
-    env.binaries()
-        .etcd_versions()
+    crate::apps::etcd_versions(env)
         .iter()
         .map(|v| v.trim_start_matches('v').to_owned())
         .find(|v| v.starts_with(&format!("{minor}.")))
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "no etcd {minor}.x in the test environment ({:?}); add one to tests/env/versions.env",
-                env.binaries().etcd_versions()
+                "no etcd {minor}.x in the test environment ({:?}); declare one in guest-etcd/test-images.yaml",
+                crate::apps::etcd_versions(env)
             )
         })
 }
@@ -120,9 +119,7 @@ impl EtcdFixture {
         let namespace = env.create_namespace(prefix).await?;
         let host = HostUnderTest::start(env, &files, &namespace, Limits::default()).await?;
         let version = etcd_version(env, etcdctl_minor)?;
-        let etcdctl = env
-            .binaries()
-            .etcd_dir(&format!("v{version}"))
+        let etcdctl = crate::apps::etcd_dir(env, &format!("v{version}"))
             .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
             .join("etcdctl");
         Ok(EtcdFixture {

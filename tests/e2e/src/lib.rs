@@ -2,6 +2,7 @@
 //! shared real control plane, scoped to one test namespace, plus CRD installation and small
 //! waiting helpers.
 
+pub mod apps;
 pub mod campaign;
 pub mod etcd;
 pub mod install;

@@ -1,6 +1,6 @@
-//! A real MinIO server for the suites that back up to S3: built on demand
-//! (`tests/env/build-binaries.sh s3`, with the `mc` image then imported into the node), started
-//! on the node's address (the bridge's gateway, which Pods and the test process both reach),
+//! A real MinIO server for the suites that back up to S3: built on demand (the test
+//! environment's generic Go build; the `mc` image the etcd plugins declare in
+//! `guest-etcd/test-images-s3.yaml` loaded into the node), started on the node's address (the bridge's gateway, which Pods and the test process both reach),
 //! with `mc` to look into its buckets.
 
 use std::collections::BTreeSet;
@@ -9,9 +9,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use policy_host_testenv::TestEnv;
+use policy_host_testenv::binaries::GoPrograms;
 use serde_json::Value;
 
 use crate::etcd::eventually;
+
+/// The MinIO server's Go module (a pseudo-version of github.com/minio/minio).
+const MINIO_MODULE: &str = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c";
 
 /// MinIO's address: the real node's, where the control plane also serves.
 pub const MINIO_IP: Ipv4Addr = policy_host_testenv::node::NODE_IP;
@@ -34,15 +38,19 @@ impl Minio {
     /// Builds MinIO and mc if needed (and imports the `mc` image into the node), starts the
     /// server on a free port and waits until its liveness endpoint answers.
     pub async fn start(env: &'static TestEnv) -> anyhow::Result<Minio> {
-        let binaries = env.binaries();
-        let build = binaries.clone();
-        tokio::task::spawn_blocking(move || build.ensure_s3()).await??;
-        let image = policy_host_testenv::node::mc_image(binaries)
-            .ok_or_else(|| anyhow::anyhow!("the mc image is missing after building mc"))?;
-        tokio::task::spawn_blocking(move || env.load_image(&image)).await??;
-        let mc = binaries
-            .mc()
-            .ok_or_else(|| anyhow::anyhow!("mc is missing after building it"))?;
+        let build = env.binaries().clone();
+        let recipe = GoPrograms {
+            modules: vec![MINIO_MODULE.to_owned()],
+            programs: vec![("minio".to_owned(), "github.com/minio/minio".to_owned())],
+        };
+        let minio_dir = tokio::task::spawn_blocking(move || build.build_go(&recipe)).await??;
+        let images = env
+            .provide_images(&crate::repo_root().join("guest-etcd/test-images-s3.yaml"))
+            .await?;
+        let mc = images
+            .iter()
+            .find_map(|image| image.program("mc"))
+            .ok_or_else(|| anyhow::anyhow!("guest-etcd/test-images-s3.yaml declares no mc"))?;
         let port = TcpListener::bind(SocketAddr::from((MINIO_IP, 0)))?
             .local_addr()?
             .port();
@@ -52,7 +60,7 @@ impl Minio {
         let dir =
             std::env::temp_dir().join(format!("policy-host-minio-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let server = tokio::process::Command::new(binaries.minio())
+        let server = tokio::process::Command::new(minio_dir.join("minio"))
             .arg("server")
             .arg(&dir)
             .args(["--address", &format!("{MINIO_IP}:{port}")])

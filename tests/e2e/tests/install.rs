@@ -115,11 +115,10 @@ async fn readme_install_runs_the_host_as_a_pod_and_the_example_cluster_converges
         .spec
         .and_then(|s| s.cluster_ip)
         .ok_or_else(|| anyhow::anyhow!("the client Service has no ClusterIP"))?;
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(env.binaries().default_etcd_version())
-        .ok_or_else(|| anyhow::anyhow!("etcdctl is not built"))?
-        .join("etcdctl");
+    let etcdctl =
+        policy_host_e2e::apps::etcd_dir(env, &policy_host_e2e::apps::default_etcd_version(env)?)
+            .ok_or_else(|| anyhow::anyhow!("etcdctl is not built"))?
+            .join("etcdctl");
     let endpoint = format!("http://{cluster_ip}:2379");
     let run = |args: &[&str]| {
         let output = Command::new(&etcdctl)

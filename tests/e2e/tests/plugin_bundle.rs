@@ -45,8 +45,8 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
     )?)
 }
 
-/// `cargo new-plugin`, then the component built as the guide builds it; returns the crate's
-/// directory and the component.
+/// `cargo new-plugin`, then its native tests run and the component built as the guide does;
+/// returns the crate's directory and the component.
 fn new_built_plugin(name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let root = repo_root();
     let work = root.join("target/template-test");
@@ -57,27 +57,34 @@ fn new_built_plugin(name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     new_plugin::new_plugin(&root, name, &dir)?;
     let target_dir = work.join("target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .current_dir(&dir)
-        .args([
+    // The guide's steps 2 and 3: the native tests, then the component.
+    for args in [
+        &["test", "--quiet"][..],
+        &[
             "build",
             "--quiet",
             "--target",
             "wasm32-wasip2",
             "--profile",
             "plugin",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        // The outer test's cargo settings are not the new plugin's.
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "building {} failed ({status})",
-        dir.display()
-    );
+        ],
+    ] {
+        let status = Command::new(&cargo)
+            .current_dir(&dir)
+            .args(args)
+            .arg("--target-dir")
+            .arg(&target_dir)
+            // The outer test's cargo settings are not the new plugin's.
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS")
+            .status()?;
+        anyhow::ensure!(
+            status.success(),
+            "`cargo {}` in {} failed ({status})",
+            args.join(" "),
+            dir.display()
+        );
+    }
     let wasm = target_dir.join(format!(
         "wasm32-wasip2/plugin/{}.wasm",
         name.replace('-', "_")
@@ -164,15 +171,19 @@ async fn a_signed_bundle_loads_with_one_apply_into_a_host_with_only_its_own_righ
             "crd/myapps.my-app.example.com",
         ],
     )?;
-    // The template's example, its app Pods on the Redis image the node has (no registry here).
-    let redis = env.binaries().redis_version().ok_or_else(|| {
-        anyhow::anyhow!("redis is not installed: tests/env/build-binaries.sh redis")
-    })?;
+    // The template's example, its app Pods on the image the new plugin declares for its tests
+    // (its own test-images.yaml, made and loaded by the test environment: no registry here).
+    let declared = env.provide_images(&dir.join("test-images.yaml")).await?;
+    let app_image = declared
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the new plugin's test-images.yaml declares no image"))?
+        .name()
+        .to_owned();
     let example = keys.path().join("example.yaml");
     std::fs::write(
         &example,
         format!(
-            "{}  image: redis:{redis}\n",
+            "{}  image: {app_image}\n",
             std::fs::read_to_string(dir.join("example.yaml"))?
         ),
     )?;

@@ -8,15 +8,17 @@
 //! Volumes are directories bind-mounted at their mount paths in that namespace (the machine's
 //! mount table is untouched; missing mount points are created as empty directories).
 //!
-//! Images map to programs: `etcd` or `*/etcd` with tag `v3.x.y` runs the cached etcd of that
-//! version (PATH starts with its directory, and `command[0]` is resolved there by basename);
-//! every other image runs its `command` with the machine's programs.
+//! Images map to programs: an image loaded into the runner ([`PodRunnerHandle::add_image`], as
+//! [`crate::TestEnv`] does with the declared images) runs its own programs from where they are
+//! on this machine (PATH starts with their directories, `command[0]` is resolved there by
+//! basename, its entrypoint, cmd and environment apply); every other image runs its `command`
+//! with the machine's programs.
 //!
 //! All Pods share the machine's network namespace, so what is pod-local in Kubernetes is the Pod
 //! IP here: `0.0.0.0`, `127.0.0.1` and `localhost` URL hosts in commands, args, env values and
 //! exec probes become the Pod IP (and a list naming it twice keeps it once); probes aimed at a
-//! loopback host probe the Pod IP; etcd images get `ETCDCTL_ENDPOINTS=http://<pod IP>:2379`
-//! unless they set it, since etcdctl's default endpoint is 127.0.0.1.
+//! loopback host probe the Pod IP. A client whose *built-in* default is 127.0.0.1 is not
+//! rewritten (there is nothing to rewrite): name the address in its command line.
 //!
 //! Limits, by design: no resource limits, no image pulls, no network isolation, no service
 //! account tokens (the token volume is an empty directory), probes' timeouts at least 2 s.
@@ -81,6 +83,8 @@ struct PodEntry {
 struct Runner {
     client: kube::Client,
     binaries: Binaries,
+    /// Images loaded into the runner, by name. A std lock: never held across an await.
+    images: std::sync::RwLock<BTreeMap<String, Arc<spec::LoadedImage>>>,
     node_name: String,
     dir: PathBuf,
     hosts_path: PathBuf,
@@ -107,6 +111,11 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
+    /// The images loaded so far (a copy: the lock is not held while a container starts).
+    fn loaded_images(&self) -> BTreeMap<String, Arc<spec::LoadedImage>> {
+        self.images.read().map(|i| i.clone()).unwrap_or_default()
+    }
+
     fn track_group(&self, pid: u32, running: bool) {
         if let Ok(mut groups) = self.groups.lock() {
             if running {
@@ -196,6 +205,7 @@ impl PodRunner {
         let runner = Arc::new(Runner {
             client,
             binaries,
+            images: std::sync::RwLock::new(BTreeMap::new()),
             node_name: options.node_name,
             dir,
             hosts_path,
@@ -243,6 +253,15 @@ impl Drop for PodRunner {
 }
 
 impl PodRunnerHandle {
+    /// Loads `image` into the runner: containers naming it (exactly) then run its programs
+    /// from where they are on this machine, with its entrypoint, cmd and environment. Loading
+    /// the same name again replaces it.
+    pub fn add_image(&self, image: &crate::images::ImageSpec) {
+        if let Ok(mut images) = self.runner.images.write() {
+            images.insert(image.name.clone(), Arc::new(spec::LoadedImage::of(image)));
+        }
+    }
+
     /// Name of the Node Pods are bound to.
     pub fn node_name(&self) -> &str {
         &self.runner.node_name
@@ -260,7 +279,7 @@ impl PodRunnerHandle {
 
     /// A command that runs `program` on the machine but resolves names like a Pod does (the
     /// runner's hosts file over `/etc/hosts`, in a private mount namespace): for example
-    /// `etcdctl endpoint health --cluster` against members that advertise DNS names. Add
+    /// a client checking every member of a cluster whose members advertise DNS names. Add
     /// arguments with `.arg(...)`; the command dies with the thread that spawns it.
     pub fn cluster_command(&self, program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
         let script = format!(

@@ -44,7 +44,7 @@ impl Timing {
             initial_delay: secs(probe.initial_delay_seconds, 0),
             period: secs(probe.period_seconds, 10).max(Duration::from_millis(500)),
             // Processes here start slower than in a container on a quiet node: one second is
-            // tight for `etcdctl` on a loaded 2-core machine.
+            // tight for a client program on a loaded 2-core machine.
             timeout: secs(probe.timeout_seconds, 1).max(Duration::from_secs(2)),
             success_threshold: count(probe.success_threshold, 1),
             failure_threshold: count(probe.failure_threshold, 3),

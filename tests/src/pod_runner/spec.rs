@@ -4,25 +4,62 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::Api;
 
-use crate::Binaries;
+use crate::images::ImageSpec;
 
 /// Where a container's programs come from.
 #[derive(Debug, Clone)]
 pub(crate) enum Image {
-    /// An etcd image whose version is built: programs are taken from this directory.
-    Etcd(PathBuf),
-    /// A redis image of the installed series: `redis-server` and `redis-cli` are taken from
-    /// this directory.
-    Redis(PathBuf),
-    /// A `minio/mc` image: `mc` is taken from this directory (the version of versions.env,
-    /// whatever the tag).
-    Mc(PathBuf),
+    /// An image loaded into the runner ([`crate::PodRunnerHandle::add_image`]): its programs
+    /// are taken from its files and tree.
+    Loaded(Arc<LoadedImage>),
     /// Any other image: programs are the machine's own.
     Host,
+}
+
+/// An image as the pod runner runs it: no container, so its programs run from where they are
+/// on this machine, found by the directories below and by basename.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LoadedImage {
+    /// Directories searched for programs, first match wins: those holding the image's files,
+    /// then its tree's program directories.
+    pub(crate) dirs: Vec<PathBuf>,
+    /// The image's entrypoint and default arguments.
+    pub(crate) entrypoint: Vec<String>,
+    pub(crate) cmd: Vec<String>,
+    /// The image's environment, `NAME=value`.
+    pub(crate) env: Vec<String>,
+}
+
+impl LoadedImage {
+    /// The runner's view of `spec`.
+    pub(crate) fn of(spec: &ImageSpec) -> LoadedImage {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for file in &spec.files {
+            if let Some(parent) = file.source.parent()
+                && !dirs.iter().any(|d| d == parent)
+            {
+                dirs.push(parent.to_path_buf());
+            }
+        }
+        if let Some(tree) = &spec.root {
+            dirs.extend(
+                crate::images::debian::PROGRAM_DIRS
+                    .iter()
+                    .map(|d| tree.join(d)),
+            );
+        }
+        LoadedImage {
+            dirs,
+            entrypoint: spec.entrypoint.clone(),
+            cmd: spec.cmd.clone(),
+            env: spec.env.clone(),
+        }
+    }
 }
 
 /// Why a container cannot be started (yet): a Kubernetes waiting reason and a message.
@@ -32,56 +69,12 @@ pub(crate) struct NotStartable {
     pub(crate) message: String,
 }
 
-/// Maps an image reference to local programs. `etcd`, `*/etcd` with a tag `v3.x.y` or `3.x.y`
-/// (an `-N` suffix, as in registry.k8s.io/etcd:3.5.21-0, is ignored) are the cached etcd builds;
-/// `redis`, `*/redis` with a tag of the installed series (`7.0.15`, `7.0`; a `-suffix` such as
-/// `-alpine` is ignored) is the installed redis-server; `minio/mc` (any tag) is the built `mc`.
-pub(crate) fn resolve_image(image: &str, binaries: &Binaries) -> Result<Image, NotStartable> {
-    let without_digest = image.split('@').next().unwrap_or(image);
-    let (repository, tag) = match without_digest.rsplit_once(':') {
-        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
-        _ => (without_digest, "latest"),
-    };
-    if repository == "redis" || repository.ends_with("/redis") {
-        let version = tag.split('-').next().unwrap_or(tag);
-        return match binaries.redis_dir(version) {
-            Some(dir) => Ok(Image::Redis(dir)),
-            None => Err(NotStartable {
-                reason: "ErrImagePull",
-                message: format!(
-                    "redis {version} (image {image}) is not installed here (available: {}); set REDIS_SERIES in tests/env/versions.env and run tests/env/build-binaries.sh redis",
-                    binaries
-                        .redis_version()
-                        .unwrap_or_else(|| "none".to_owned())
-                ),
-            }),
-        };
-    }
-    if repository == "minio/mc" || repository.ends_with("/minio/mc") {
-        return match binaries.mc() {
-            Some(mc) => Ok(Image::Mc(mc.parent().map(Path::to_path_buf).unwrap_or(mc))),
-            None => Err(NotStartable {
-                reason: "ErrImagePull",
-                message: format!(
-                    "mc {} (for image {image}) is not built here; run tests/env/build-binaries.sh s3 (or a test that needs it, which builds it)",
-                    binaries.mc_version()
-                ),
-            }),
-        };
-    }
-    if repository != "etcd" && !repository.ends_with("/etcd") {
-        return Ok(Image::Host);
-    }
-    let version = tag.split('-').next().unwrap_or(tag);
-    match binaries.etcd_dir(version) {
-        Some(dir) => Ok(Image::Etcd(dir)),
-        None => Err(NotStartable {
-            reason: "ErrImagePull",
-            message: format!(
-                "etcd {version} (image {image}) is not built here (available: {}); add it to ETCD_VERSIONS in tests/env/versions.env and run tests/env/build-binaries.sh etcd",
-                binaries.etcd_versions().join(", ")
-            ),
-        }),
+/// Maps an image reference to local programs: an image loaded into the runner by that exact
+/// name runs its own programs; any other runs the machine's.
+pub(crate) fn resolve_image(image: &str, loaded: &BTreeMap<String, Arc<LoadedImage>>) -> Image {
+    match loaded.get(image) {
+        Some(found) => Image::Loaded(found.clone()),
+        None => Image::Host,
     }
 }
 
@@ -275,21 +268,31 @@ pub(crate) async fn environment(
     Ok(vars)
 }
 
-/// Environment every container of `image` gets unless it sets it itself: etcdctl's default
-/// endpoint is 127.0.0.1:2379, which here is not the Pod (see [`pod_local`]).
-pub(crate) fn image_defaults(image: &Image, ip: Ipv4Addr) -> Vec<(String, String)> {
+/// Environment every container of `image` gets unless it sets it itself: the image's own.
+pub(crate) fn image_defaults(image: &Image) -> Vec<(String, String)> {
     match image {
-        Image::Etcd(_) => vec![("ETCDCTL_ENDPOINTS".to_owned(), format!("http://{ip}:2379"))],
-        Image::Redis(_) | Image::Mc(_) | Image::Host => Vec::new(),
+        Image::Loaded(loaded) => loaded
+            .env
+            .iter()
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+        Image::Host => Vec::new(),
     }
 }
 
-/// The `PATH` of a container: the image's programs first, then the machine's.
+/// The `PATH` of a container: the image's program directories first, then the machine's.
 pub(crate) fn path_var(image: &Image) -> String {
     let system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     match image {
-        Image::Etcd(dir) | Image::Redis(dir) | Image::Mc(dir) => {
-            format!("{}:{system}", dir.display())
+        Image::Loaded(loaded) => {
+            let mut parts: Vec<String> = loaded
+                .dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            parts.push(system.to_owned());
+            parts.join(":")
         }
         Image::Host => system.to_owned(),
     }
@@ -302,27 +305,36 @@ pub(crate) fn argv(
     vars: &BTreeMap<String, String>,
     ip: Ipv4Addr,
 ) -> Result<Vec<String>, NotStartable> {
-    let mut argv: Vec<String> = container.command.clone().unwrap_or_default();
-    if argv.is_empty() {
-        match image {
-            // The etcd images' entrypoint.
-            Image::Etcd(_) => argv.push("etcd".into()),
-            // The redis images' entrypoint runs redis-server.
-            Image::Redis(_) => argv.push("redis-server".into()),
-            // The minio/mc images' entrypoint.
-            Image::Mc(_) => argv.push("mc".into()),
-            Image::Host => {
-                return Err(NotStartable {
-                    reason: "CreateContainerConfigError",
-                    message: format!(
-                        "image {} has no known entrypoint on the pod runner; set `command`",
-                        container.image.clone().unwrap_or_default()
-                    ),
-                });
-            }
-        }
+    // Kubernetes' rule: `command` replaces the entrypoint (and drops the image's cmd);
+    // `args` replaces the cmd.
+    let (entrypoint, cmd) = match image {
+        Image::Loaded(loaded) => (loaded.entrypoint.clone(), loaded.cmd.clone()),
+        Image::Host => (Vec::new(), Vec::new()),
+    };
+    let mut argv: Vec<String> = match &container.command {
+        Some(command) if !command.is_empty() => command.clone(),
+        _ => entrypoint,
+    };
+    match &container.args {
+        Some(args) if !args.is_empty() => argv.extend(args.iter().cloned()),
+        _ if container.command.as_ref().is_none_or(Vec::is_empty) => argv.extend(cmd),
+        _ => {}
     }
-    argv.extend(container.args.clone().unwrap_or_default());
+    if argv.is_empty() {
+        // An image the runner was not given is one it cannot "pull"; a loaded one with no
+        // entrypoint is the container's configuration at fault.
+        let reason = match image {
+            Image::Host => "ErrImagePull",
+            Image::Loaded(_) => "CreateContainerConfigError",
+        };
+        return Err(NotStartable {
+            reason,
+            message: format!(
+                "image {} has no entrypoint here (not loaded into the pod runner: declare it in a test-images.yaml; or it declares none); set `command`",
+                container.image.clone().unwrap_or_default()
+            ),
+        });
+    }
     let mut argv: Vec<String> = argv
         .iter()
         .map(|a| pod_local(&expand(a, vars), ip))
@@ -331,18 +343,23 @@ pub(crate) fn argv(
     Ok(argv)
 }
 
-/// Replaces `argv[0]` by the image's program of the same basename (`/usr/local/bin/etcd` → the
-/// cached etcd), if the image has one.
+/// Replaces `argv[0]` by the image's program of the same basename (`/usr/local/bin/app` →
+/// where the image's `app` is on this machine), if the image has one.
 pub(crate) fn resolve_program(argv: &mut [String], image: &Image) {
-    if let (Image::Etcd(dir) | Image::Redis(dir) | Image::Mc(dir), Some(program)) =
-        (image, argv.first_mut())
-    {
+    if let (Image::Loaded(loaded), Some(program)) = (image, argv.first_mut()) {
         let base = Path::new(program.as_str())
             .file_name()
             .map(|b| b.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let candidate = dir.join(&base);
-        if !base.is_empty() && candidate.is_file() {
+        if base.is_empty() {
+            return;
+        }
+        if let Some(candidate) = loaded
+            .dirs
+            .iter()
+            .map(|d| d.join(&base))
+            .find(|c| c.is_file())
+        {
             *program = candidate.display().to_string();
         }
     }

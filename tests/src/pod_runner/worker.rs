@@ -445,22 +445,7 @@ async fn run_container(
         }
         .or_else(|| container.image.clone())
         .unwrap_or_default();
-        let image = match spec::resolve_image(&wanted, &runner.binaries) {
-            Ok(image) => image,
-            Err(problem) => {
-                // Like an image that cannot be pulled: it stays waiting, until the spec
-                // names another image.
-                update(&|r| {
-                    r.image = wanted.clone();
-                    r.state = waiting(&problem);
-                });
-                tokio::select! {
-                    _ = stopped(&mut stop) => {}
-                    () = image_changed(&mut images, index, &wanted), if matches!(kind, Kind::Main) => {}
-                }
-                continue;
-            }
-        };
+        let image = spec::resolve_image(&wanted, &runner.loaded_images());
         update(&|r| r.image = wanted.clone());
         let prepared = prepare_process(context, volumes, container, &image).await;
         let (mut command, env) = match prepared {
@@ -632,13 +617,9 @@ async fn prepare_process(
     let pod = &context.pod;
     let mut env = spec::environment(&runner.client, pod, container, context.ip).await?;
     let argv = spec::argv(container, image, &env, context.ip)?;
-    // etcdctl refuses a flag that an environment variable also sets, so the default endpoint
-    // only goes to containers whose command line does not name its own.
-    let names_endpoints = argv.iter().any(|arg| arg.contains("--endpoints"));
-    for (name, value) in spec::image_defaults(image, context.ip) {
-        if !(names_endpoints && name == "ETCDCTL_ENDPOINTS") {
-            env.entry(name).or_insert(value);
-        }
+    for (name, value) in spec::image_defaults(image) {
+        env.entry(name)
+            .or_insert_with(|| spec::pod_local(&value, context.ip));
     }
     let mut mounts = Vec::new();
     // The service-account volume has no token in it here (no kubelet to mint one): mounting it

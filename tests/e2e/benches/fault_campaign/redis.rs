@@ -390,10 +390,9 @@ impl Campaign {
 
     /// The node's Redis image tag.
     pub(super) fn redis_version(&self) -> Result<String> {
-        self.env
-            .binaries()
-            .redis_version()
-            .ok_or_else(|| anyhow!("redis is not installed: tests/env/build-binaries.sh redis"))
+        Ok(policy_host_e2e::apps::redis_image(self.env)?
+            .tag()
+            .to_owned())
     }
 
     pub(super) async fn run_redis(&mut self, seed: u64, plan: &Plan) -> Result<Outcome> {

@@ -99,9 +99,7 @@ async fn a_chaos_drill_kills_members_and_loses_no_acknowledged_write() -> anyhow
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("etcd-chaos").await?;
     let version = etcd_version(env, "3.6")?;
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(&format!("v{version}"))
+    let etcdctl = policy_host_e2e::apps::etcd_dir(env, &format!("v{version}"))
         .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
         .join("etcdctl");
 

@@ -49,9 +49,7 @@ async fn setup(
 }
 
 fn etcdctl(env: &TestEnv, version: &str) -> anyhow::Result<PathBuf> {
-    let dir = env
-        .binaries()
-        .etcd_dir(version)
+    let dir = policy_host_e2e::apps::etcd_dir(env, version)
         .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?;
     Ok(dir.join("etcdctl"))
 }
@@ -117,7 +115,7 @@ fn pod_endpoint(pod: &Pod) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result<()> {
     let (env, client, namespace, host) = setup("etcd-three").await?;
-    let version = env.binaries().default_etcd_version().to_string();
+    let version = policy_host_e2e::apps::default_etcd_version(env)?;
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     let cluster = example_cluster(&version, 3)?;
@@ -228,7 +226,7 @@ async fn example_cluster_of_three_becomes_three_etcd_members() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_spec_gets_a_degraded_condition_and_an_event() -> anyhow::Result<()> {
     let (env, client, namespace, host) = setup("etcd-invalid").await?;
-    let version = env.binaries().default_etcd_version().to_string();
+    let version = policy_host_e2e::apps::default_etcd_version(env)?;
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &etcd_clusters());
     // What the object shows by itself is refused at apply by the CRD's CEL rules (README,

@@ -67,9 +67,7 @@ impl Fixture {
         )
         .await?;
         let version = etcd_version(env, etcdctl_minor)?;
-        let etcdctl = env
-            .binaries()
-            .etcd_dir(&format!("v{version}"))
+        let etcdctl = policy_host_e2e::apps::etcd_dir(env, &format!("v{version}"))
             .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
             .join("etcdctl");
         Ok(Fixture {

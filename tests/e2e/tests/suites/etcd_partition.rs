@@ -62,16 +62,15 @@ impl Cluster {
         let client = env.client().await?;
         install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
         let namespace = env.create_namespace(prefix).await?;
-        let version = env
-            .binaries()
-            .default_etcd_version()
+        let version = policy_host_e2e::apps::default_etcd_version(env)?
             .trim_start_matches('v')
             .to_owned();
-        let etcdctl = env
-            .binaries()
-            .etcd_dir(env.binaries().default_etcd_version())
-            .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
-            .join("etcdctl");
+        let etcdctl = policy_host_e2e::apps::etcd_dir(
+            env,
+            &policy_host_e2e::apps::default_etcd_version(env)?,
+        )
+        .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
+        .join("etcdctl");
         let plugin =
             policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
         let settings = policy_host::Settings {

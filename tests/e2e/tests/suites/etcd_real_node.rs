@@ -25,16 +25,13 @@ async fn create_three_and_scale_to_five_on_the_real_node() -> anyhow::Result<()>
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("etcd-real-node").await?;
-    let version = env
-        .binaries()
-        .default_etcd_version()
+    let version = policy_host_e2e::apps::default_etcd_version(env)?
         .trim_start_matches('v')
         .to_owned();
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(env.binaries().default_etcd_version())
-        .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
-        .join("etcdctl");
+    let etcdctl =
+        policy_host_e2e::apps::etcd_dir(env, &policy_host_e2e::apps::default_etcd_version(env)?)
+            .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
+            .join("etcdctl");
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let settings = policy_host::Settings {
@@ -176,19 +173,17 @@ async fn replace_a_lost_member_and_upgrade_on_the_real_node() -> anyhow::Result<
     let client = env.client().await?;
     install_crd(&client, "deploy/crds/etcdcluster.yaml").await?;
     let namespace = env.create_namespace("etcd-real-node-moves").await?;
-    let versions = env.binaries().etcd_versions();
+    let versions = policy_host_e2e::apps::etcd_versions(env);
     anyhow::ensure!(
         versions.len() >= 2,
-        "versions.env names two etcd versions, the newer first"
+        "guest-etcd/test-images.yaml declares two etcd versions, the newer first"
     );
     let (newer, older) = (
         versions[0].trim_start_matches('v').to_owned(),
         versions[1].trim_start_matches('v').to_owned(),
     );
     // One etcdctl reads both versions' member lists.
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(&versions[0])
+    let etcdctl = policy_host_e2e::apps::etcd_dir(env, &versions[0])
         .ok_or_else(|| anyhow::anyhow!("etcd {newer} is not built"))?
         .join("etcdctl");
     let plugin =

@@ -290,9 +290,7 @@ async fn a_tls_cluster_comes_up_and_the_host_manages_it() -> anyhow::Result<()> 
     )
     .await?;
     let version = etcd_version(env, "3.6")?;
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(&format!("v{version}"))
+    let etcdctl = policy_host_e2e::apps::etcd_dir(env, &format!("v{version}"))
         .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
         .join("etcdctl");
     let certificates = Certificates::new(

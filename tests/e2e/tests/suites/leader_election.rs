@@ -490,9 +490,7 @@ async fn the_leader_killed_mid_scale_up_leaves_no_membership_change_done_twice()
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
     let version = etcd_version(env, "3.6")?;
-    let etcdctl = env
-        .binaries()
-        .etcd_dir(&format!("v{version}"))
+    let etcdctl = policy_host_e2e::apps::etcd_dir(env, &format!("v{version}"))
         .ok_or_else(|| anyhow::anyhow!("etcd {version} is not in the test environment"))?
         .join("etcdctl");
     let clusters: Api<DynamicObject> =

@@ -40,11 +40,9 @@ async fn etcd_pod_on_the_real_node_answers_by_pod_ip_service_and_dns() -> anyhow
     let env = shared_node().await?;
     let client = env.client().await?;
     let namespace = env.create_namespace("real-node").await?;
-    let version = env.binaries().default_etcd_version().to_owned();
+    let version = policy_host_e2e::apps::default_etcd_version(env)?;
     let image = format!("gcr.io/etcd-development/etcd:{version}");
-    let etcdctl_path = env
-        .binaries()
-        .etcd_dir(&version)
+    let etcdctl_path = policy_host_e2e::apps::etcd_dir(env, &version)
         .ok_or_else(|| anyhow::anyhow!("etcd {version} is not built"))?
         .join("etcdctl");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);

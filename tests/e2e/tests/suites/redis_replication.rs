@@ -3,8 +3,7 @@
 //! reaching Redis only through the generic `exchange` capability, and assertions through a
 //! real Redis client (`redis-cli`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -12,7 +11,8 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams}
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd};
-use policy_host_testenv::{TestEnv, shared_node, wait_for};
+use policy_host_testenv::images::MadeImage;
+use policy_host_testenv::{shared_node, wait_for};
 use serde_json::{Value, json};
 
 const CONVERGE: Duration = Duration::from_secs(180);
@@ -36,22 +36,11 @@ fn example(replicas: i64) -> anyhow::Result<Value> {
     Ok(object)
 }
 
-fn redis_cli(env: &TestEnv) -> anyhow::Result<PathBuf> {
-    let version = env
-        .binaries()
-        .redis_version()
-        .ok_or_else(|| anyhow::anyhow!("redis is not installed in the test environment"))?;
-    let dir = env
-        .binaries()
-        .redis_dir(&version)
-        .ok_or_else(|| anyhow::anyhow!("redis {version} has no directory"))?;
-    Ok(dir.join("redis-cli"))
-}
-
 /// Runs `commands` (one per line) on one connection to `host`, returning the reply lines.
-fn redis(cli: &Path, host: &str, commands: &str) -> anyhow::Result<Vec<String>> {
+fn redis(cli: &MadeImage, host: &str, commands: &str) -> anyhow::Result<Vec<String>> {
     use std::io::Write;
-    let mut child = Command::new(cli)
+    let mut command = cli.command("redis-cli")?;
+    let mut child = command
         .args(["-h", host, "-p", "6379"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -76,7 +65,7 @@ fn redis(cli: &Path, host: &str, commands: &str) -> anyhow::Result<Vec<String>> 
 }
 
 /// `INFO replication` of one server as key → value.
-fn replication(cli: &Path, host: &str) -> anyhow::Result<Vec<(String, String)>> {
+fn replication(cli: &MadeImage, host: &str) -> anyhow::Result<Vec<(String, String)>> {
     Ok(redis(cli, host, "INFO replication\n")?
         .into_iter()
         .filter_map(|l| {
@@ -162,7 +151,8 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
     let plugin =
         policy_host_test_plugins::build("guest-redis").map_err(|e| anyhow::anyhow!("{e}"))?;
     let host = HostUnderTest::start(env, &[plugin], &namespace, Limits::default()).await?;
-    let cli = redis_cli(env)?;
+    // redis-cli of the node's Redis image (guest-redis/test-images.yaml), run from here.
+    let cli = policy_host_e2e::apps::redis_image(env)?;
 
     let objects: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &namespace, &redis_replications());

@@ -28,9 +28,10 @@ pub fn target_kind() -> KindRef {
     )
 }
 
-/// A `PluginTemplate` as the host hands it over. Only the fields the plugin reads.
+/// A `PluginTemplate` as the host hands it over. Only the fields the plugin reads (the
+/// `crd` feature's derive makes the full `PluginTemplate` type, for the CRD).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PluginTemplate {
+pub struct PluginTemplateParent {
     /// `metadata.name` and `metadata.generation`.
     pub metadata: Metadata,
     /// What the user asked for.
@@ -51,8 +52,23 @@ pub struct Metadata {
     pub generation: Option<i64>,
 }
 
-/// `spec`: what the user asks for (its JSON schema belongs in the CRD, see `crd.yaml`).
+// Its doc comments and schema become the CRD (`crd.yaml`, generated:
+// `cargo run --features crd --bin crdgen > crd.yaml`).
+/// What a PluginTemplate asks for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(
+    feature = "crd",
+    derive(kube::CustomResource),
+    kube(
+        group = "plugin-template.example.com",
+        version = "v1",
+        kind = "PluginTemplate",
+        plural = "plugintemplates",
+        namespaced,
+        status = "PluginTemplateStatus",
+        doc = "A PluginTemplate, reconciled by the plugin-template plugin."
+    )
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginTemplateSpec {
     /// The text the ConfigMap holds.
@@ -84,7 +100,7 @@ fn default_image() -> String {
     "docker.io/library/redis:7.4".to_owned()
 }
 
-/// `status`: what the plugin reports.
+/// What the plugin reports.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PluginTemplateStatus {
@@ -97,6 +113,23 @@ pub struct PluginTemplateStatus {
     /// `Ready`: the ConfigMap holds the greeting and every app Pod answers.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// The CRD, from the types above (`crdgen`, feature `crd`).
+#[cfg(feature = "crd")]
+pub fn custom_resource_definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt as _;
+    PluginTemplate::crd()
+}
+
+/// `crd.yaml` as `crdgen` writes it.
+#[cfg(feature = "crd")]
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    Ok(format!(
+        "# Generated from PluginTemplateSpec (src/lib.rs) by `cargo run --features crd --bin crdgen > crd.yaml`.\n# Do not edit by hand; `cargo test --features crd` checks it is current.\n{}",
+        serde_yaml::to_string(&custom_resource_definition())?
+    ))
 }
 
 /// The plugin.
@@ -153,7 +186,7 @@ impl Plugin for PluginTemplatePlugin {
         observation: &Observation,
         app: &mut dyn AppCall,
     ) -> Result<Decision, PolicyError> {
-        let parent: PluginTemplate = observation.parent()?;
+        let parent: PluginTemplateParent = observation.parent()?;
         if parent.spec.greeting.trim().is_empty() {
             return Err(PolicyError::new(
                 "InvalidSpec",

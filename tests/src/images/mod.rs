@@ -1,20 +1,28 @@
 //! Container images made on this machine, without a registry or Docker: docker-archive
-//! tarballs of one layer built from the binaries the project already has, for the real node's
-//! containerd to import under the very names the Pods use.
+//! tarballs of one layer, for the real node's containerd to import under the very names the
+//! Pods use. This is the one image builder; it knows no app.
 //!
 //! Why no registry: none is reachable here. A tagged image that is already present is used
 //! as it is (`IfNotPresent` is the default for tags), so the kubelet never tries to pull it.
 //!
-//! An image is an [`ImageSpec`]: its name, the files it holds (each at an absolute path), its
-//! user, entrypoint and environment. Every image also gets a small base: `/etc/passwd` and
-//! `/etc/group` with `root` and `nonroot` (65532, the distroless convention), `/tmp`, the
-//! shared libraries `ldd` lists for each dynamic program, and on request the machine's CA
-//! bundle. Archives are cached by a key over everything that goes in, so a second test process
-//! reuses them.
+//! An image is an [`ImageSpec`]: its name, optionally a root tree it starts from (Debian
+//! packages unpacked, [`debian`]), the files it holds (each at an absolute path), its user,
+//! entrypoint and environment. Every image also gets a small base: `/etc/passwd` and
+//! `/etc/group` with `root` and `nonroot` (65532, the distroless convention) unless its tree
+//! has them, `/tmp`, the shared libraries `ldd` lists for each dynamic program it takes from
+//! this machine, and on request the machine's CA bundle. Archives are cached by a key over
+//! everything that goes in, so a second test process reuses them.
 //!
-//! The host's own image follows `deploy/Dockerfile`: [`DockerfileImage`] reads its final stage
-//! (the `COPY --from=build` lines, `USER`, `ENTRYPOINT`, `CMD`), so the Dockerfile and the image
-//! the tests run cannot drift apart.
+//! Where specs come from: a plugin declares the images its tests run in a `test-images.yaml`
+//! beside it ([`declared`]); the host's own image follows `deploy/Dockerfile`
+//! ([`DockerfileImage`]); the pod sandbox is made by [`crate::node`].
+
+pub mod debian;
+pub mod declared;
+mod dockerfile;
+
+pub use declared::{Declarations, MadeImage};
+pub use dockerfile::{DockerfileError, DockerfileImage};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -36,15 +44,18 @@ const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 pub struct ImageFile {
     /// The file on this machine (symbolic links are followed).
     pub source: PathBuf,
-    /// Its absolute path in the image, e.g. `/usr/local/bin/etcd`.
+    /// Its absolute path in the image, e.g. `/usr/local/bin/app`.
     pub path: String,
 }
 
 /// What an image holds and how it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageSpec {
-    /// The reference Pods use, e.g. `gcr.io/etcd-development/etcd:v3.6.16` or `redis:7.0.15`.
+    /// The reference Pods use, e.g. `registry.example/app:1.2.3`.
     pub name: String,
+    /// A directory whose whole tree (links and modes kept) the image starts from, e.g. Debian
+    /// packages unpacked by [`debian::unpack`]; the files go on top of it.
+    pub root: Option<PathBuf>,
     /// The files beside the base.
     pub files: Vec<ImageFile>,
     /// The image's `USER` (numeric, so that the kubelet can check `runAsNonRoot`), if any.
@@ -64,6 +75,7 @@ impl ImageSpec {
     pub fn new(name: impl Into<String>, files: Vec<ImageFile>) -> ImageSpec {
         ImageSpec {
             name: name.into(),
+            root: None,
             files,
             user: None,
             entrypoint: Vec::new(),
@@ -221,12 +233,28 @@ impl ImageSpec {
     }
 
     fn fill_root(&self, root: &Path) -> Result<()> {
+        std::fs::create_dir_all(root).map_err(Error::io(format!("creating {}", root.display())))?;
+        if let Some(tree) = &self.root {
+            // `cp -a`: the tree's symbolic links (library sonames, `/usr/sbin/mysqld` and the
+            // like) and modes go in as they are.
+            run(Command::new("cp").arg("-a").arg(tree.join(".")).arg(root))?;
+        }
+        let listed: BTreeSet<&str> = self.files.iter().map(|f| f.path.as_str()).collect();
         for (source, path) in self.all_files()? {
             let target = root.join(path.trim_start_matches('/'));
+            // A library `ldd` found on this machine never replaces the tree's own.
+            if self.root.is_some()
+                && !listed.contains(path.as_str())
+                && target.symlink_metadata().is_ok()
+            {
+                continue;
+            }
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(Error::io(format!("creating {}", parent.display())))?;
             }
+            // Removed first: the tree's entry may be a link, which `copy` would write through.
+            let _ = std::fs::remove_file(&target);
             std::fs::copy(&source, &target).map_err(Error::io(format!(
                 "copying {} into image {}",
                 source.display(),
@@ -262,6 +290,10 @@ impl ImageSpec {
         let mut hasher = Sha256::new();
         hasher.update(self.config_json("").to_string());
         hasher.update(&self.name);
+        if let Some(tree) = &self.root {
+            // A tree is made once under a name that is its content's key (debian::unpack).
+            hasher.update(format!("tree {}\n", tree.display()));
+        }
         for (source, path) in self.all_files()? {
             let meta = std::fs::metadata(&source).map_err(Error::io(format!(
                 "reading {} for image {}",
@@ -281,165 +313,6 @@ impl ImageSpec {
         }
         Ok(hex(&hasher.finalize())[..16].to_owned())
     }
-}
-
-/// The final stage of a Dockerfile, as far as the image's layout and user go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DockerfileImage {
-    /// The `FROM` image of the final stage.
-    pub base: String,
-    /// `COPY --from=<stage> <source> <destination>` lines: (source in the build stage,
-    /// destination in the image).
-    pub copies: Vec<(String, String)>,
-    /// The `USER`, checked to be numeric (`65532` or `65532:65532`).
-    pub user: String,
-    /// The `ENTRYPOINT` (exec form).
-    pub entrypoint: Vec<String>,
-    /// The `CMD` (exec form).
-    pub cmd: Vec<String>,
-}
-
-/// The base images [`DockerfileImage`] knows how to stand in for: distroless's, which carry
-/// glibc and libgcc (the `cc` variants), the CA bundle, `/etc/passwd` with `nonroot` = 65532,
-/// and `/tmp`. The local image gives the same with the machine's files.
-const KNOWN_BASES: &[&str] = &[
-    "gcr.io/distroless/cc-debian12:nonroot",
-    "gcr.io/distroless/cc-debian12",
-];
-
-impl DockerfileImage {
-    /// Reads the final stage of `text` (a Dockerfile). Refuses what the local image could not
-    /// reproduce (an unknown base, instructions other than `COPY --from`, `USER`, `ENTRYPOINT`,
-    /// `CMD`, `ENV`, `LABEL`, `WORKDIR /`) and a `USER` that is a name: the kubelet cannot check
-    /// a named user against `runAsNonRoot` and refuses to start the container.
-    pub fn parse(text: &str) -> Result<DockerfileImage, DockerfileError> {
-        let mut instructions: Vec<(String, String)> = Vec::new();
-        let mut pending = String::new();
-        for line in text.lines() {
-            let line = line.trim();
-            if pending.is_empty() && (line.is_empty() || line.starts_with('#')) {
-                continue;
-            }
-            match line.strip_suffix('\\') {
-                Some(start) => {
-                    pending.push_str(start);
-                    pending.push(' ');
-                }
-                None => {
-                    pending.push_str(line);
-                    let whole = std::mem::take(&mut pending);
-                    let (word, rest) = whole
-                        .split_once(char::is_whitespace)
-                        .unwrap_or((&whole, ""));
-                    instructions.push((word.to_ascii_uppercase(), rest.trim().to_owned()));
-                }
-            }
-        }
-        let last_from = instructions
-            .iter()
-            .rposition(|(word, _)| word == "FROM")
-            .ok_or_else(|| DockerfileError("it has no FROM".into()))?;
-        let base = instructions[last_from]
-            .1
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        if !KNOWN_BASES.contains(&base.as_str()) {
-            return Err(DockerfileError(format!(
-                "its final stage is FROM {base}, which the local image cannot stand in for (known: {}); extend KNOWN_BASES in tests/src/images.rs with what that base holds",
-                KNOWN_BASES.join(", ")
-            )));
-        }
-        let mut image = DockerfileImage {
-            base,
-            copies: Vec::new(),
-            user: String::new(),
-            entrypoint: Vec::new(),
-            cmd: Vec::new(),
-        };
-        for (word, rest) in &instructions[last_from + 1..] {
-            match word.as_str() {
-                "COPY" => {
-                    let parts: Vec<&str> = rest.split_whitespace().collect();
-                    match parts.as_slice() {
-                        [from, source, destination] if from.starts_with("--from=") => image
-                            .copies
-                            .push(((*source).to_owned(), (*destination).to_owned())),
-                        _ => {
-                            return Err(DockerfileError(format!(
-                                "COPY {rest}: only `COPY --from=<stage> <file> <absolute path>` is understood"
-                            )));
-                        }
-                    }
-                }
-                "USER" => image.user = rest.clone(),
-                "ENTRYPOINT" => image.entrypoint = exec_form(word, rest)?,
-                "CMD" => image.cmd = exec_form(word, rest)?,
-                "LABEL" | "ENV" => {}
-                "WORKDIR" if rest == "/" => {}
-                other => {
-                    return Err(DockerfileError(format!(
-                        "{other} {rest} in the final stage is not reproduced by the local image; extend DockerfileImage::parse"
-                    )));
-                }
-            }
-        }
-        let numeric = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
-        let mut ids = image.user.split(':');
-        let uid_ok = ids.next().is_some_and(numeric);
-        let gid_ok = ids.next().is_none_or(numeric) && ids.next().is_none();
-        if !(uid_ok && gid_ok) {
-            return Err(DockerfileError(format!(
-                "USER `{}` is not numeric: under runAsNonRoot the kubelet refuses to start a container whose image user is a name (CreateContainerConfigError \"non-numeric user\"); write `USER {NONROOT_UID}:{NONROOT_UID}`",
-                image.user
-            )));
-        }
-        Ok(image)
-    }
-
-    /// The local image of this stage, named `name`: each `COPY` source found with `resolve`
-    /// (which maps a path of the build stage to a file here), the base's CA bundle, user,
-    /// entrypoint and command as written.
-    pub fn image_spec(
-        &self,
-        name: &str,
-        resolve: impl Fn(&str) -> Option<PathBuf>,
-    ) -> Result<ImageSpec> {
-        let mut files = Vec::new();
-        for (source, destination) in &self.copies {
-            let local = resolve(source).ok_or_else(|| Error::Image {
-                image: name.to_owned(),
-                problem: format!(
-                    "the Dockerfile copies {source}, which has no local counterpart; build it first"
-                ),
-            })?;
-            files.push(ImageFile {
-                source: local,
-                path: destination.clone(),
-            });
-        }
-        Ok(ImageSpec {
-            user: Some(self.user.clone()),
-            entrypoint: self.entrypoint.clone(),
-            cmd: self.cmd.clone(),
-            ca_certificates: true,
-            ..ImageSpec::new(name, files)
-        })
-    }
-}
-
-/// A Dockerfile the local image cannot follow; the message says what to change.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the Dockerfile cannot be reproduced as a local image: {0}")]
-pub struct DockerfileError(pub String);
-
-fn exec_form(word: &str, rest: &str) -> Result<Vec<String>, DockerfileError> {
-    serde_json::from_str(rest).map_err(|_| {
-        DockerfileError(format!(
-            "{word} {rest}: only the exec form (a JSON array) is understood"
-        ))
-    })
 }
 
 /// The shared libraries `ldd` lists for `program` (none for a static one), with the dynamic
