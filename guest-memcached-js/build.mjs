@@ -1,5 +1,7 @@
 // Builds the plugin component from src/component.js, a synchronous WASI 0.2 component of world
-// `policy-host:policy/policy-plugin@0.2.2` (../wit/policy.wit), with one of two JavaScript
+// `policy-host:policy/policy-plugin@0.2.2` (../wit/frozen/0.2.2/policy.wit: the contract version
+// this plugin pins; the host serves every frozen minor, so a contract bump does not break this
+// build), with one of two JavaScript
 // engines from npm (run through ./build.sh or `npm run build` after `npm ci`):
 //
 //   node build.mjs                  # both
@@ -37,7 +39,7 @@ import { asyncParts } from './tools/check-sync.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const entry = join(here, 'src', 'component.js');
-const wit = join(here, '..', 'wit', 'policy.wit');
+const wit = join(here, '..', 'wit', 'frozen', '0.2.2', 'policy.wit');
 const bin = (name) => join(here, 'node_modules', '.bin', name);
 
 const engines = {

@@ -5,6 +5,12 @@
 # accounts are each server's own, never replicated) the root password and hosts
 # (MARIADB_ROOT_PASSWORD, MARIADB_ROOT_HOST) and the replication account
 # (MARIADB_REPLICATION_USER, MARIADB_REPLICATION_PASSWORD). Then it runs the server.
+#
+# Started as root (the image's user, as the official image's entrypoint starts), it gives the
+# data directory to `nonroot` and the servers switch to that user themselves (`--user`): a
+# volume's directory may be root's and not writable by others (the in-tree hostPath
+# provisioner's are 0750), and fsGroup does not apply to every volume type. Started as
+# another user (a Pod's runAsUser), it runs as that user.
 set -eu
 
 if [ "${1#-}" != "$1" ]; then
@@ -15,13 +21,19 @@ if [ "$1" != mariadbd ]; then
 fi
 
 datadir=/var/lib/mysql
+as_user=
+if [ "$(id -u)" = 0 ]; then
+	chown -R 65532:65532 "$datadir"
+	as_user=--user=nonroot
+	set -- "$@" "$as_user"
+fi
 if [ ! -d "$datadir/mysql" ]; then
 	: "${MARIADB_ROOT_PASSWORD:?set MARIADB_ROOT_PASSWORD (the official image refuses to start without a root password too)}"
 	# --rpm: no hostname lookup (a Pod's may not resolve yet), as the official image does.
 	mariadb-install-db --rpm --datadir="$datadir" --auth-root-authentication-method=normal \
-		--skip-test-db --skip-name-resolve --skip-log-bin >/dev/null
+		--skip-test-db --skip-name-resolve --skip-log-bin ${as_user} >/dev/null
 	socket=/tmp/init.sock
-	mariadbd --skip-networking --skip-log-bin --socket="$socket" --datadir="$datadir" &
+	mariadbd --skip-networking --skip-log-bin --socket="$socket" --datadir="$datadir" ${as_user} &
 	pid=$!
 	tries=0
 	until mariadb --protocol=socket --socket="$socket" -uroot -e 'SELECT 1' >/dev/null 2>&1; do

@@ -7,6 +7,11 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use policy_host::load::pack::CA_KEY;
 use policy_host_testenv::Binaries;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -118,6 +123,53 @@ impl Registry {
             "auths": { self.address.clone(): { "username": USER, "password": PASSWORD } }
         })
         .to_string()
+    }
+}
+
+impl Registry {
+    /// Creates what an admin creates beside a plugin ConfigMap that names a component in this
+    /// registry, in `namespace`: the pull Secret `secret` (type `kubernetes.io/dockerconfigjson`,
+    /// [`Registry::docker_config_json`]) and the ConfigMap `ca_config_map` holding its CA under
+    /// `ca.crt`.
+    pub async fn admit(
+        &self,
+        client: &Client,
+        namespace: &str,
+        secret: &str,
+        ca_config_map: &str,
+    ) -> anyhow::Result<()> {
+        let named = |name: &str| ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &Secret {
+                    metadata: named(secret),
+                    type_: Some("kubernetes.io/dockerconfigjson".into()),
+                    data: Some(
+                        [(
+                            ".dockerconfigjson".to_string(),
+                            ByteString(self.docker_config_json().into_bytes()),
+                        )]
+                        .into(),
+                    ),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &ConfigMap {
+                    metadata: named(ca_config_map),
+                    data: Some([(CA_KEY.to_string(), self.ca_pem.clone())].into()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(())
     }
 }
 

@@ -31,6 +31,7 @@ mod host_contract;
 mod kubectl_plugin;
 mod leader_election;
 mod mariadb_image;
+mod memcached_js;
 mod ownership;
 mod plugin_credentials;
 mod plugin_grants;

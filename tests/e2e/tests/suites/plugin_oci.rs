@@ -10,10 +10,9 @@
 
 use std::path::Path;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use policy_host::Settings;
 use policy_host::decide::Limits;
 use policy_host::load::oci::{self, PluginReference, RegistryAccess};
@@ -214,42 +213,11 @@ async fn plugins_by_digest_load_swap_and_are_refused_keeping_the_old_one() -> an
     install_crd_object(&client, probe_crd()?).await?;
     let namespace = env.create_namespace("plugin-oci").await?;
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &probes());
     // What the admin creates beside the plugin ConfigMap: the pull Secret and the CA.
-    secrets
-        .create(
-            &PostParams::default(),
-            &Secret {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(PULL_SECRET.into()),
-                    ..Default::default()
-                },
-                type_: Some("kubernetes.io/dockerconfigjson".into()),
-                data: Some(
-                    [(
-                        ".dockerconfigjson".to_string(),
-                        ByteString(registry.docker_config_json().into_bytes()),
-                    )]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-        )
-        .await?;
-    config_maps
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(CA_CONFIG_MAP.into()),
-                    ..Default::default()
-                },
-                data: Some([(pack::CA_KEY.to_string(), registry.ca_pem.clone())].into()),
-                ..Default::default()
-            },
-        )
+    registry
+        .admit(&client, &namespace, PULL_SECRET, CA_CONFIG_MAP)
         .await?;
     let artifacts = tempfile::tempdir()?;
     let settings = Settings {

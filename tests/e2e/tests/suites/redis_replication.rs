@@ -191,7 +191,7 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
         }
     };
     let primary_ip = ip_of(&primary).await?;
-    let info = replication(&cli, &primary_ip)?;
+    let info = replication(cli, &primary_ip)?;
     assert_eq!(field(&info, "role").as_deref(), Some("master"), "{info:?}");
     assert_eq!(
         field(&info, "connected_slaves").as_deref(),
@@ -205,7 +205,7 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
         .map(|i| format!("SET key-{i} value-{i}\n"))
         .collect();
     batch.push_str("WAIT 2 5000\n");
-    let replies = redis(&cli, &primary_ip, &batch)?;
+    let replies = redis(cli, &primary_ip, &batch)?;
     assert_eq!(replies.len(), KEYS + 1, "{replies:?}");
     assert!(replies[..KEYS].iter().all(|r| r == "OK"), "{replies:?}");
     assert_eq!(replies[KEYS], "2", "both replicas acknowledged every write");
@@ -220,7 +220,7 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
     assert_eq!(replicas.len(), 2, "{status}");
     for replica in &replicas {
         let ip = ip_of(replica).await?;
-        let info = replication(&cli, &ip)?;
+        let info = replication(cli, &ip)?;
         assert_eq!(
             field(&info, "role").as_deref(),
             Some("slave"),
@@ -231,7 +231,7 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
             Some(primary_ip.clone()),
             "{replica}: {info:?}"
         );
-        let read = redis(&cli, &ip, "GET key-42\nDBSIZE\n")?;
+        let read = redis(cli, &ip, "GET key-42\nDBSIZE\n")?;
         assert_eq!(read, ["value-42".to_owned(), KEYS.to_string()], "{replica}");
     }
 
@@ -249,11 +249,11 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
         "{promoted} was a replica: {replicas:?}"
     );
     let promoted_ip = ip_of(&promoted).await?;
-    let info = replication(&cli, &promoted_ip)?;
+    let info = replication(cli, &promoted_ip)?;
     assert_eq!(field(&info, "role").as_deref(), Some("master"), "{info:?}");
     service_points_at(&client, &namespace, &name, &promoted_ip).await?;
     let keys: String = (0..KEYS).map(|i| format!("GET key-{i}\n")).collect();
-    let values = redis(&cli, &promoted_ip, &keys)?;
+    let values = redis(cli, &promoted_ip, &keys)?;
     let expected: Vec<String> = (0..KEYS).map(|i| format!("value-{i}")).collect();
     assert_eq!(
         values, expected,
@@ -264,19 +264,19 @@ async fn three_servers_replicate_and_fail_over_without_losing_acknowledged_write
     let status = converged(&objects, &name, 2, Some(&primary)).await?;
     assert_eq!(status["primary"], json!(promoted), "{status}");
     let recreated_ip = ip_of(&primary).await?;
-    let info = replication(&cli, &recreated_ip)?;
+    let info = replication(cli, &recreated_ip)?;
     assert_eq!(
         field(&info, "master_host"),
         Some(promoted_ip.clone()),
         "{info:?}"
     );
-    let write = redis(&cli, &promoted_ip, "SET after failover\nWAIT 2 5000\n")?;
+    let write = redis(cli, &promoted_ip, "SET after failover\nWAIT 2 5000\n")?;
     assert_eq!(
         write,
         ["OK", "2"],
         "writes after the failover reach both replicas"
     );
-    let read = redis(&cli, &recreated_ip, "GET key-7\nGET after\n")?;
+    let read = redis(cli, &recreated_ip, "GET key-7\nGET after\n")?;
     assert_eq!(read, ["value-7", "failover"]);
 
     host.stop().await;
