@@ -35,7 +35,8 @@
 //! `env -u RUST_BACKTRACE cargo bench --profile dev -p policy-host-e2e --bench fault_campaign -- --runs 10 --seed 1`.
 //! Run `i` uses seed `S + i`; `--seed S --runs 1` repeats one. Failed runs leave their
 //! evidence (status, Events, pod logs, the client's report and the porcupine visualization)
-//! in `$TMPDIR/fault-campaign/seed-<seed>/` (`redis-seed-<seed>/` for the Redis mode). BENCHMARKS.md records the campaigns run.
+//! in `$TMPDIR/fault-campaign/seed-<seed>/` (`redis-seed-<seed>/` for the Redis mode, with
+//! `servers.txt`: every server Pod and its `INFO` replication and keys, at each change). BENCHMARKS.md records the campaigns run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -13,7 +13,7 @@
 //! here: a membership change without its Event fails the campaign's membership check, a pod
 //! deleted or restarted leaves the kubelet's `Killing` Event.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::events::v1::Event;
@@ -291,26 +291,98 @@ pub struct ReplicatedWrite {
     pub at_ms: i64,
     /// How many replicas acknowledged it.
     pub replicas: i64,
+    /// The IP of the server it was written to.
+    pub to: String,
+}
+
+/// One look at one Redis server by the Redis mode's recorder, kept when it changed; the
+/// campaign adds one, not running, for each server it kills, at the kill.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerSeen {
+    /// When, Unix milliseconds.
+    pub at_ms: i64,
+    /// Which server: its Pod's name and UID (`campaign-1/3f2a...`). A Pod created again under
+    /// the same name is another server, fresh and empty.
+    pub server: String,
+    /// Its Pod's IP.
+    pub ip: Option<String>,
+    /// It runs: its Pod is Running, not being deleted, and the campaign has not killed it.
+    pub running: bool,
+    /// For a replica whose link is up: the IP it follows.
+    pub following: Option<String>,
 }
 
 /// The replicated writes the final primary does not have, split into those Redis promised to
-/// keep (failures) and those whose every acknowledging replica may have been taken away since:
-/// at least as many replicas killed or scaled away after the write as acknowledged it
-/// (`replicas_lost`: when each went, Unix milliseconds). A failover promotes the replica with
-/// the largest offset, which holds every write any surviving replica acknowledged; a write is
-/// lost for good only when all the replicas that had it are gone.
+/// keep (failures) and those every copy of which was gone before another server copied it.
+///
+/// Who holds a write: the server it was written to, and each replica whose link to it was up
+/// then (`WAIT` counted them); after it, every server whose link comes up to a holder (a
+/// replica with its link up has all its primary has: a full sync or the stream since). A
+/// holder stops holding only when it stops running (killed, deleted, scaled away). A holder
+/// that copied another server's data (say an empty one that took its primary's IP) still
+/// counts: that is the operator losing the write, not Redis. A replica that synced and lost
+/// its primary between two looks of the recorder (250 ms apart, more under load) is missed,
+/// which can only excuse a write, never fail one.
+///
+/// Before the recorder (seeds 1–30) the rule was "as many replicas killed or scaled away
+/// after the write as acknowledged it"; it took no account of a primary killed that had been
+/// one of them, nor of the copies made since (seed 30).
 pub fn lost_replicated_writes<'a>(
     writes: &'a [ReplicatedWrite],
     present: &BTreeSet<String>,
-    replicas_lost: &[i64],
+    seen: &[ServerSeen],
 ) -> (Vec<&'a ReplicatedWrite>, Vec<&'a ReplicatedWrite>) {
+    let mut seen: Vec<&ServerSeen> = seen.iter().collect();
+    // At the same millisecond, a server stopping before another's link coming up to it.
+    seen.sort_by_key(|s| (s.at_ms, s.running));
     writes
         .iter()
         .filter(|w| !present.contains(&w.key))
-        .partition(|w| {
-            let gone_since = replicas_lost.iter().filter(|at| **at >= w.at_ms).count();
-            (gone_since as i64) < w.replicas
-        })
+        .partition(|w| a_copy_survived(w, &seen))
+}
+
+/// Whether some server that held `write` (see [`lost_replicated_writes`]) still ran at the
+/// end of `seen` (sorted by time).
+fn a_copy_survived(write: &ReplicatedWrite, seen: &[&ServerSeen]) -> bool {
+    let split = seen.partition_point(|s| s.at_ms <= write.at_ms);
+    let mut state: BTreeMap<&str, &ServerSeen> = BTreeMap::new();
+    for s in &seen[..split] {
+        state.insert(&s.server, s);
+    }
+    let to = Some(write.to.as_str());
+    let mut holders: BTreeSet<&str> = state
+        .values()
+        .filter(|s| s.running && (s.ip.as_deref() == to || s.following.as_deref() == to))
+        .map(|s| s.server.as_str())
+        .collect();
+    // The server written to, not looked at yet when the write was made: its first look.
+    if !holders.iter().any(|h| state[h].ip.as_deref() == to) {
+        if let Some(first) = seen[split..].iter().find(|s| s.ip.as_deref() == to) {
+            if first.running && !state.contains_key(first.server.as_str()) {
+                holders.insert(&first.server);
+            }
+        }
+    }
+    if holders.is_empty() {
+        return false;
+    }
+    for s in &seen[split..] {
+        state.insert(&s.server, s);
+        if !s.running {
+            holders.remove(s.server.as_str());
+            if holders.is_empty() {
+                return false;
+            }
+        } else if let Some(ip) = s.following.as_deref() {
+            let follows_a_holder = holders
+                .iter()
+                .any(|h| state[h].running && state[h].ip.as_deref() == Some(ip));
+            if follows_a_holder {
+                holders.insert(&s.server);
+            }
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -613,59 +685,143 @@ mod tests {
         assert!(actions[2].what.contains("campaign-2"));
     }
 
-    #[test]
-    fn lost_replicated_writes_are_failures_unless_their_replicas_went_too() {
-        let write = |key: &str, at_ms, replicas| ReplicatedWrite {
-            key: key.to_owned(),
+    /// A server's look for [`lost_replicated_writes`]: `campaign-<n>/<uid>` at `10.0.0.<ip>`,
+    /// following `10.0.0.<following>` with its link up.
+    fn look(at_ms: i64, server: &str, ip: u8, following: Option<u8>) -> ServerSeen {
+        ServerSeen {
             at_ms,
-            replicas,
+            server: server.to_owned(),
+            ip: Some(format!("10.0.0.{ip}")),
+            running: true,
+            following: following.map(|f| format!("10.0.0.{f}")),
+        }
+    }
+
+    /// A server killed (or gone) at `at_ms`.
+    fn stopped(at_ms: i64, server: &str, ip: u8) -> ServerSeen {
+        ServerSeen {
+            running: false,
+            ..look(at_ms, server, ip, None)
+        }
+    }
+
+    #[test]
+    fn lost_replicated_writes_are_failures_unless_every_copy_went() {
+        // Three servers: campaign-2 the primary at .2, campaign-0 (.10) and campaign-1 (.11)
+        // following it; the write to .2 at 1,000 ms, acknowledged by both.
+        let start = || {
+            vec![
+                look(0, "campaign-2/a", 2, None),
+                look(0, "campaign-0/a", 10, Some(2)),
+                look(0, "campaign-1/a", 11, Some(2)),
+            ]
+        };
+        let with = |more: Vec<ServerSeen>| {
+            let mut seen = start();
+            seen.extend(more);
+            seen
         };
         struct Row {
             situation: &'static str,
-            write: ReplicatedWrite,
             present: bool,
-            replicas_lost: Vec<i64>,
+            seen: Vec<ServerSeen>,
             failure: bool,
             excused: bool,
         }
         let rows = [
             Row {
-                situation: "a replicated write on the new primary is kept",
-                write: write("w-1", 1_000, 1),
+                situation: "a replicated write on the final primary is kept",
                 present: true,
-                replicas_lost: vec![2_000],
+                seen: with(vec![stopped(5_000, "campaign-2/a", 2)]),
                 failure: false,
                 excused: false,
             },
             Row {
-                situation: "a replicated write missing with every replica still there is lost",
-                write: write("w-2", 1_000, 1),
+                situation: "missing while the replicas that had it still run: lost",
                 present: false,
-                replicas_lost: vec![],
+                seen: with(vec![]),
                 failure: true,
                 excused: false,
             },
             Row {
-                situation: "a replica killed before the write does not excuse its loss",
-                write: write("w-3", 1_000, 1),
+                situation: "missing after a failover to a replica that had it: lost",
                 present: false,
-                replicas_lost: vec![900],
+                seen: with(vec![
+                    stopped(5_000, "campaign-2/a", 2),
+                    look(6_000, "campaign-1/a", 11, None),
+                    look(7_000, "campaign-0/a", 10, Some(11)),
+                ]),
                 failure: true,
                 excused: false,
             },
+            // Seed 30: the primary killed, a replica, then the promoted replica before any
+            // fresh server's link came up to it (their Pods were still starting).
             Row {
-                situation: "its one acknowledging replica may have been the one killed after it",
-                write: write("w-4", 1_000, 1),
+                situation: "the primary, one replica, then the promoted replica killed before any server copied it: gone with every copy",
                 present: false,
-                replicas_lost: vec![1_500],
+                seen: with(vec![
+                    stopped(9_900, "campaign-2/a", 2),
+                    stopped(10_400, "campaign-0/a", 10),
+                    look(12_000, "campaign-1/a", 11, None),
+                    look(14_000, "campaign-0/b", 12, None),
+                    look(15_000, "campaign-2/b", 13, None),
+                    stopped(18_700, "campaign-1/a", 11),
+                    look(20_000, "campaign-0/b", 12, None),
+                ]),
                 failure: false,
                 excused: true,
             },
             Row {
-                situation: "two replicas acknowledged it and only one went: lost",
-                write: write("w-5", 1_000, 2),
+                situation: "the same, but a fresh server's link came up to the promoted replica first: it has the write, so it is lost",
                 present: false,
-                replicas_lost: vec![1_500],
+                seen: with(vec![
+                    stopped(9_900, "campaign-2/a", 2),
+                    stopped(10_400, "campaign-0/a", 10),
+                    look(12_000, "campaign-1/a", 11, None),
+                    look(17_000, "campaign-0/b", 12, Some(11)),
+                    stopped(18_700, "campaign-1/a", 11),
+                ]),
+                failure: true,
+                excused: false,
+            },
+            Row {
+                situation: "a holder that copied an empty server at its dead primary's IP still counts: lost",
+                present: false,
+                seen: with(vec![
+                    stopped(5_000, "campaign-2/a", 2),
+                    look(6_000, "campaign-0/b", 2, None),
+                    stopped(6_500, "campaign-0/a", 10),
+                ]),
+                failure: true,
+                excused: false,
+            },
+            Row {
+                situation: "a fresh server following a dead holder's reused IP does not hold the write",
+                present: false,
+                seen: with(vec![
+                    stopped(5_000, "campaign-0/a", 10),
+                    stopped(5_100, "campaign-1/a", 11),
+                    stopped(5_200, "campaign-2/a", 2),
+                    look(6_000, "campaign-0/b", 2, None),
+                    look(7_000, "campaign-1/b", 11, Some(2)),
+                ]),
+                failure: false,
+                excused: true,
+            },
+            Row {
+                situation: "a replica killed before the write does not excuse its loss",
+                present: false,
+                seen: with(vec![stopped(900, "campaign-0/a", 10)])
+                    .into_iter()
+                    .chain([stopped(5_000, "campaign-2/a", 2)])
+                    .collect(),
+                failure: true,
+                excused: false,
+            },
+            Row {
+                situation: "the server written to, first looked at after the write, holds it",
+                present: false,
+                seen: vec![look(1_200, "campaign-2/a", 2, None)],
                 failure: true,
                 excused: false,
             },
@@ -673,13 +829,19 @@ mod tests {
         let wrong: Vec<String> = rows
             .iter()
             .filter_map(|row| {
+                let write = ReplicatedWrite {
+                    key: "w-1".to_owned(),
+                    at_ms: 1_000,
+                    replicas: 2,
+                    to: "10.0.0.2".to_owned(),
+                };
                 let present: BTreeSet<String> = if row.present {
-                    BTreeSet::from([row.write.key.clone()])
+                    BTreeSet::from([write.key.clone()])
                 } else {
                     BTreeSet::new()
                 };
-                let writes = [row.write.clone()];
-                let (lost, excused) = lost_replicated_writes(&writes, &present, &row.replicas_lost);
+                let writes = [write];
+                let (lost, excused) = lost_replicated_writes(&writes, &present, &row.seen);
                 (lost.is_empty() == row.failure || excused.is_empty() == row.excused)
                     .then(|| format!("{}: lost {lost:?}, excused {excused:?}", row.situation))
             })

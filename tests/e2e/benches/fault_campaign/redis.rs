@@ -4,9 +4,10 @@
 //! `WAIT 1 1000`. Redis replication is asynchronous, so a write the primary alone took may die
 //! with it; what README's `RedisReplication` section promises, and so what a run checks:
 //!
-//! - **a write a replica acknowledged survives failovers** (on the final primary), unless as
-//!   many replicas as acknowledged it were killed or scaled away after it
-//!   ([`lost_replicated_writes`]);
+//! - **a write a replica acknowledged survives failovers** (on the final primary), unless every
+//!   server that had it was killed or scaled away before another copied it
+//!   ([`lost_replicated_writes`]: the recorder follows which servers run and whose link is up
+//!   to whom, every 250 ms);
 //! - **one primary**: exactly one server says `role:master`, the Service selects exactly its
 //!   Pod, every other server follows it with `master_link_status:up`;
 //! - **a cut-but-running primary is not replaced**: no `Failover` away from it while its
@@ -29,7 +30,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
-use policy_host_e2e::campaign::{ReplicatedWrite, lost_replicated_writes};
+use policy_host_e2e::campaign::{ReplicatedWrite, ServerSeen, lost_replicated_writes};
 use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::install::kubectl;
 use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
@@ -225,6 +226,179 @@ async fn replication(ip: &str) -> Result<BTreeMap<String, String>> {
     }
 }
 
+/// One server Pod as the recorder saw it: the state the write check follows (which server —
+/// its Pod's UID —, whether it runs, its IP, whom it follows with its link up) and a line for
+/// the evidence with what it said to `INFO replication keyspace`.
+async fn look_at_server(pod: &Pod, at_ms: i64) -> (ServerSeen, String) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let ip = pod_ip(pod);
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("-");
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ROLE_LABEL))
+        .map_or("-", String::as_str);
+    let deleting = pod.metadata.deletion_timestamp.is_some();
+    let running = phase == "Running" && !deleting;
+    let mut following = None;
+    let said = match &ip {
+        Some(ip) if running => match server_info(ip).await {
+            Ok(info) => {
+                let field = |k: &str| info.get(k).map_or("-", String::as_str);
+                let keys = field("db0")
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("keys="))
+                    .unwrap_or("0");
+                if field("role") == "master" {
+                    format!("master offset {} keys {keys}", field("master_repl_offset"))
+                } else {
+                    if field("master_link_status") == "up" {
+                        following = info.get("master_host").cloned();
+                    }
+                    format!(
+                        "replica of {} link {} offset {} keys {keys}",
+                        field("master_host"),
+                        field("master_link_status"),
+                        field("slave_repl_offset")
+                    )
+                }
+            }
+            Err(e) => format!("no answer ({e:#})"),
+        },
+        _ => "not asked".to_owned(),
+    };
+    let line = format!(
+        "uid {} ip {} {phase}{} label {label}: {said}",
+        uid.get(..8).unwrap_or(&uid),
+        ip.as_deref().unwrap_or("-"),
+        if deleting { " deleting" } else { "" },
+    );
+    let seen = ServerSeen {
+        at_ms,
+        server: server_id(pod),
+        ip,
+        running,
+        following,
+    };
+    (seen, line)
+}
+
+/// Which server a Pod runs: its name and the start of its UID (a Pod created again under the
+/// name is another server).
+fn server_id(pod: &Pod) -> String {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    format!("{}/{}", name_of(pod), uid.get(..8).unwrap_or(uid))
+}
+
+/// A server the campaign killed, as the write check follows it: not running from `at_ms`.
+fn stopped(pod: &Pod, at_ms: i64) -> ServerSeen {
+    ServerSeen {
+        at_ms,
+        server: server_id(pod),
+        ip: pod_ip(pod),
+        running: false,
+        following: None,
+    }
+}
+
+/// `INFO replication keyspace` of the server at `ip`, as field -> value, within 1 s.
+async fn server_info(ip: &str) -> Result<BTreeMap<String, String>> {
+    tokio::time::timeout(Duration::from_secs(1), async {
+        let mut connection = Connection::open(ip).await?;
+        match connection
+            .call(&["INFO", "replication", "keyspace"], Duration::from_secs(1))
+            .await?
+        {
+            Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
+                .lines()
+                .filter_map(|l| {
+                    let (k, v) = l.trim().split_once(':')?;
+                    Some((k.to_owned(), v.to_owned()))
+                })
+                .collect()),
+            other => bail!("INFO answered {other:?}"),
+        }
+    })
+    .await
+    .context("INFO got no reply within 1 s")?
+}
+
+/// What the recorder saw: each server's state at each change (for the write check), and the
+/// evidence's lines.
+#[derive(Default)]
+struct ServersSeen {
+    changes: Vec<ServerSeen>,
+    lines: Vec<String>,
+}
+
+/// Every server Pod and what it says, looked at every 250 ms while `recording`, kept at each
+/// change. A failed run keeps the lines (`servers.txt`): a Pod's logs go with it, and which
+/// server synced from which, with how many keys, is what a lost write turns on.
+async fn record_servers(pods: Api<Pod>, recording: Arc<AtomicBool>) -> ServersSeen {
+    let mut seen = ServersSeen::default();
+    let mut last_line: BTreeMap<String, String> = BTreeMap::new();
+    let mut last_state: BTreeMap<String, ServerSeen> = BTreeMap::new();
+    while recording.load(Ordering::Relaxed) {
+        let at_ms = unix_millis();
+        let listed = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+            .await;
+        let clock = k8s_openapi::jiff::Timestamp::from_millisecond(at_ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        if let Ok(list) = listed {
+            let looked =
+                futures::future::join_all(list.items.iter().map(|pod| look_at_server(pod, at_ms)))
+                    .await;
+            let mut lines = BTreeMap::new();
+            let mut states = BTreeMap::new();
+            for (state, line) in looked {
+                let name = state
+                    .server
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                if last_line.get(&name) != Some(&line) {
+                    seen.lines.push(format!("{clock} {name} {line}"));
+                }
+                let changed = last_state.get(&state.server).is_none_or(|last| {
+                    (&last.ip, last.running, &last.following)
+                        != (&state.ip, state.running, &state.following)
+                });
+                if changed {
+                    seen.changes.push(state.clone());
+                }
+                lines.insert(name, line);
+                states.insert(state.server.clone(), state);
+            }
+            for name in last_line.keys().filter(|n| !lines.contains_key(*n)) {
+                seen.lines.push(format!("{clock} {name} gone"));
+            }
+            for (server, last) in &last_state {
+                if !states.contains_key(server) && last.running {
+                    seen.changes.push(ServerSeen {
+                        at_ms,
+                        running: false,
+                        following: None,
+                        ..last.clone()
+                    });
+                }
+            }
+            last_line = lines;
+            last_state = states;
+        }
+        // How often the recorder looks, not a wait for anything.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    seen
+}
+
 /// What the client did.
 #[derive(Default)]
 struct WriteLog {
@@ -306,6 +480,7 @@ async fn write(
                     key,
                     at_ms: unix_millis(),
                     replicas,
+                    to: ip.clone(),
                 });
             }
             connection = Some(open);
@@ -447,6 +622,9 @@ impl Campaign {
                 }
             }
         });
+        // The recorder first, so the servers the first writes reach are seen.
+        let recording = Arc::new(AtomicBool::new(true));
+        let recorder = tokio::spawn(record_servers(pods.clone(), recording.clone()));
         let stop = Arc::new(AtomicBool::new(false));
         let writer = tokio::spawn(write(seed, primary_rx, stop.clone()));
 
@@ -456,7 +634,8 @@ impl Campaign {
         let mut cuts: BTreeMap<usize, PodNetworkCut> = BTreeMap::new();
         let mut cut_pods: BTreeMap<usize, (String, i64)> = BTreeMap::new();
         let mut cut_windows: Vec<(String, i64, i64)> = Vec::new();
-        let mut replicas_lost: Vec<i64> = Vec::new();
+        // The servers killed, as the write check follows them (`running: false` at the kill).
+        let mut killed: Vec<ServerSeen> = Vec::new();
         let mut primaries_lost: Vec<String> = Vec::new();
         let mut size = 3u32;
         let mut not_made = Vec::new();
@@ -469,6 +648,7 @@ impl Campaign {
                     async {
                         let victim = the_primary(&objects, &pods).await?;
                         let name = self.kill(&ns, &pods, &victim, *how).await?;
+                        killed.push(stopped(&victim, at_ms));
                         primaries_lost.push(name.clone());
                         Ok(name)
                     }
@@ -493,7 +673,7 @@ impl Campaign {
                             .get((*pick % live.len().max(1) as u64) as usize)
                             .ok_or_else(|| anyhow!("no replica to kill"))?;
                         let name = self.kill(&ns, &pods, victim, *how).await?;
-                        replicas_lost.push(at_ms);
+                        killed.push(stopped(victim, at_ms));
                         Ok(name)
                     }
                     .await
@@ -517,11 +697,6 @@ impl Campaign {
                     healed
                 }
                 Fault::Scale { to } => {
-                    if *to < size {
-                        // The servers scaled away are replicas (the primary is kept): a
-                        // write only they acknowledged may go with them.
-                        replicas_lost.extend((0..size - to).map(|_| at_ms));
-                    }
                     size = *to;
                     objects
                         .patch(
@@ -575,6 +750,11 @@ impl Campaign {
             .context("the client did not stop within 30 s")??;
         following.store(false, Ordering::Relaxed);
         let _ = follower.await;
+        recording.store(false, Ordering::Relaxed);
+        let ServersSeen {
+            changes: mut seen,
+            lines: server_lines,
+        } = recorder.await.unwrap_or_default();
 
         // The checks.
         let mut failures = Vec::new();
@@ -611,10 +791,10 @@ impl Campaign {
             log.refused,
             log.replicated.len()
         ));
+        seen.extend(killed.iter().cloned());
         match self.present(&pods, &log.replicated).await {
             Ok(present) => {
-                let (lost, excused) =
-                    lost_replicated_writes(&log.replicated, &present, &replicas_lost);
+                let (lost, excused) = lost_replicated_writes(&log.replicated, &present, &seen);
                 if !lost.is_empty() {
                     failures.push(format!(
                         "{} writes a replica acknowledged are not on the primary: {:?}",
@@ -624,7 +804,7 @@ impl Campaign {
                 }
                 if !excused.is_empty() {
                     notes.push(format!(
-                        "{} replicated writes gone with the replicas killed or scaled away after them",
+                        "{} replicated writes gone with every server that had them (killed or scaled away before another copied them)",
                         excused.len()
                     ));
                 }
@@ -662,8 +842,9 @@ impl Campaign {
             let report = json!({
                 "sent": log.sent, "acknowledged": log.acknowledged, "unknown": log.unknown,
                 "refused": log.refused,
-                "replicated": log.replicated.iter().map(|w| json!([w.key, w.at_ms, w.replicas])).collect::<Vec<_>>(),
-                "replicasLost": replicas_lost, "primariesLost": primaries_lost,
+                "replicated": log.replicated.iter().map(|w| json!([w.key, w.at_ms, w.replicas, w.to])).collect::<Vec<_>>(),
+                "killed": killed.iter().map(|k| json!([k.server, k.at_ms])).collect::<Vec<_>>(),
+                "primariesLost": primaries_lost,
             });
             let scratch = tempfile::tempdir()?;
             if let Err(e) = self
@@ -678,6 +859,9 @@ impl Campaign {
                 .await
             {
                 notes.push(format!("evidence not kept: {e:#}"));
+            } else if let Err(e) = std::fs::write(kept.join("servers.txt"), server_lines.join("\n"))
+            {
+                notes.push(format!("the servers' timeline not kept: {e:#}"));
             } else {
                 notes.push(format!("evidence in {}", kept.display()));
             }
