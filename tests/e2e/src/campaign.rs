@@ -356,12 +356,12 @@ fn a_copy_survived(write: &ReplicatedWrite, seen: &[&ServerSeen]) -> bool {
         .map(|s| s.server.as_str())
         .collect();
     // The server written to, not looked at yet when the write was made: its first look.
-    if !holders.iter().any(|h| state[h].ip.as_deref() == to) {
-        if let Some(first) = seen[split..].iter().find(|s| s.ip.as_deref() == to) {
-            if first.running && !state.contains_key(first.server.as_str()) {
-                holders.insert(&first.server);
-            }
-        }
+    if !holders.iter().any(|h| state[h].ip.as_deref() == to)
+        && let Some(first) = seen[split..].iter().find(|s| s.ip.as_deref() == to)
+        && first.running
+        && !state.contains_key(first.server.as_str())
+    {
+        holders.insert(&first.server);
     }
     if holders.is_empty() {
         return false;
