@@ -30,6 +30,7 @@ mod helm_chart;
 mod host_contract;
 mod kubectl_plugin;
 mod leader_election;
+mod mariadb_cluster;
 mod mariadb_image;
 mod memcached_js;
 mod ownership;

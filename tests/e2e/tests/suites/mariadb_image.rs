@@ -18,8 +18,9 @@ use serde_json::json;
 const READY: Duration = Duration::from_secs(180);
 const ROOT_PASSWORD: &str = "e2e-root-secret";
 
-/// Runs `sql` as `user` on the server at `host` with the image's own `mariadb` client.
-fn query(
+/// Runs `sql` as `user` on the server at `host` with the image's own `mariadb` client (the
+/// MariaDB plugin's suite, `mariadb_cluster`, asks its servers with it too).
+pub(crate) fn query(
     image: &MadeImage,
     host: &str,
     user: &str,
@@ -164,142 +165,5 @@ async fn a_pod_from_the_declared_mariadb_image_runs_mariadbd_and_answers_queries
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     assert_eq!(gtid.trim(), "", "no GTID before any write: {gtid}");
-    Ok(())
-}
-
-/// The MariaDB plugin's example (`deploy/examples/mariadb-cluster.yaml`), its bundle's plugin
-/// ConfigMap loaded as an admin would load it (`policies/mariadb.yaml`: sessions on `mysql`,
-/// the image grant, the generated credentials), on the declared image: the plugin creates the
-/// servers, elects a primary, and the primary takes writes with the root password the host
-/// generated for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::Result<()> {
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-    use kube::core::GroupVersionKind;
-    use policy_host::decide::Limits;
-    use policy_host_e2e::{HostUnderTest, install_crd, plugins};
-    use serde::Deserialize as _;
-
-    init_logging();
-    let env = shared_node().await?;
-    let images = env
-        .provide_images(&repo_root().join("guest-mariadb/test-images.yaml"))
-        .await?;
-    let image = images
-        .iter()
-        .find(|image| image.repository() == "mariadb")
-        .ok_or_else(|| {
-            anyhow::anyhow!("guest-mariadb/test-images.yaml declares no mariadb image")
-        })?;
-    let client = env.client().await?;
-    install_crd(&client, "deploy/crds/mariadbcluster.yaml").await?;
-    let namespace = env.create_namespace("mariadb-example").await?;
-    let host = HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
-
-    // The bundle's plugin ConfigMap, with the grants the admin signed off.
-    let bundle = std::fs::read_to_string(repo_root().join("policies/mariadb.yaml"))?;
-    let plugin_config_map = serde_yaml::Deserializer::from_str(&bundle)
-        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
-        .find(|document| document["kind"] == "ConfigMap")
-        .ok_or_else(|| anyhow::anyhow!("policies/mariadb.yaml holds no plugin ConfigMap"))?;
-    let mut plugin_config_map: ConfigMap = serde_yaml::from_value(plugin_config_map)?;
-    plugin_config_map.metadata.namespace = None;
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    plugins::apply_pack(&config_maps, plugin_config_map, "mariadb-image-e2e").await?;
-
-    let example: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
-        repo_root().join("deploy/examples/mariadb-cluster.yaml"),
-    )?)?;
-    let name = example["metadata"]["name"]
-        .as_str()
-        .unwrap_or("example-db")
-        .to_owned();
-    assert_eq!(
-        format!(
-            "mariadb:{}",
-            example["spec"]["version"].as_str().unwrap_or_default()
-        ),
-        image.name(),
-        "the example runs the declared image"
-    );
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &namespace,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("mariadb.policy-host.io", "v1alpha1", "MariaDBCluster"),
-            "mariadbclusters",
-        ),
-    );
-    clusters
-        .patch(
-            &name,
-            &PatchParams::apply("mariadb-image-e2e").force(),
-            &Patch::Apply(&example),
-        )
-        .await?;
-
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let primary = eventually(
-        "the example's primary elected and Ready",
-        Duration::from_secs(300),
-        || async {
-            let cluster = clusters.get(&name).await.map_err(|e| e.to_string())?;
-            let status = &cluster.data["status"];
-            let primary = status["currentPrimary"]
-                .as_str()
-                .ok_or_else(|| format!("no primary yet; status {status}"))?
-                .to_owned();
-            let pod = pods.get(&primary).await.map_err(|e| e.to_string())?;
-            let pod_status = pod.status.unwrap_or_default();
-            let ready = pod_status
-                .conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            match (ready, pod_status.pod_ip) {
-                (true, Some(ip)) => Ok((primary, ip)),
-                _ => Err(format!("primary {primary} not Ready; status {status}")),
-            }
-        },
-    )
-    .await;
-    let (primary, ip) = match primary {
-        Ok(found) => found,
-        Err(e) => {
-            for ordinal in 0..3 {
-                eprintln!(
-                    "{}",
-                    env.pod_logs(&namespace, &format!("{name}-{ordinal}")).await
-                );
-            }
-            host.stop().await;
-            return Err(e);
-        }
-    };
-
-    // The host generated the root password on the plugin's first read; the primary has it.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let secret = secrets.get(&format!("{name}-credentials")).await?;
-    let root_password = secret
-        .data
-        .as_ref()
-        .and_then(|data| data.get("root-password"))
-        .map(|value| String::from_utf8_lossy(&value.0).into_owned())
-        .ok_or_else(|| anyhow::anyhow!("the credentials Secret has no root-password"))?;
-    let written = query(
-        image,
-        &ip,
-        "root",
-        &root_password,
-        "CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.t (k INT PRIMARY KEY); REPLACE INTO e2e.t VALUES (1); SELECT @@read_only, COUNT(*) FROM e2e.t",
-    )
-    .map_err(|e| anyhow::anyhow!("writing to the primary {primary} at {ip}: {e}"))?;
-    assert_eq!(
-        written.trim(),
-        "0\t1",
-        "the primary takes writes: {written}"
-    );
-    host.stop().await;
     Ok(())
 }

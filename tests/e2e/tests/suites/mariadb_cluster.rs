@@ -1,0 +1,373 @@
+//! The MariaDB plugin on the real node: its bundle's plugin ConfigMap loaded as an admin loads
+//! it (`policies/mariadb.yaml`: sessions on `mysql`, the image grant, the generated
+//! credentials), the example cluster (`deploy/examples/mariadb-cluster.yaml`: a primary and two
+//! replicas) on the image the plugin declares (`guest-mariadb/test-images.yaml`, Debian 12's
+//! MariaDB 10.11). The test process asks the servers itself, with the image's own client, over
+//! the Pod network.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use policy_host::decide::Limits;
+use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
+use policy_host_testenv::images::MadeImage;
+use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
+use serde::Deserialize as _;
+use serde_json::Value;
+
+use crate::mariadb_image::query;
+
+/// A cold cluster: three data directories initialised, the first primary elected.
+const CREATED: Duration = Duration::from_secs(300);
+/// A failover: the lost primary noticed, the replicas fenced, one promoted.
+const FAILED_OVER: Duration = Duration::from_secs(120);
+/// One write's whole round trip, a commit waiting for a replica's acknowledgement included.
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The example cluster running, with what a test needs to reach it.
+struct ExampleCluster {
+    env: &'static TestEnv,
+    host: HostUnderTest,
+    namespace: TestNamespace,
+    name: String,
+    image: MadeImage,
+    clusters: Api<DynamicObject>,
+    pods: Api<Pod>,
+    root_password: String,
+}
+
+impl ExampleCluster {
+    /// Loads the bundle's plugin, applies the example, and waits until its primary is elected
+    /// and Ready; prints the servers' logs when it is not.
+    async fn start(prefix: &str) -> anyhow::Result<ExampleCluster> {
+        let env = shared_node().await?;
+        let image = env
+            .provide_images(&repo_root().join("guest-mariadb/test-images.yaml"))
+            .await?
+            .into_iter()
+            .find(|image| image.repository() == "mariadb")
+            .ok_or_else(|| {
+                anyhow::anyhow!("guest-mariadb/test-images.yaml declares no mariadb image")
+            })?;
+        let client = env.client().await?;
+        install_crd(&client, "deploy/crds/mariadbcluster.yaml").await?;
+        let namespace = env.create_namespace(prefix).await?;
+        let host =
+            HostUnderTest::start_loading_config_maps(env, &namespace, Limits::default()).await?;
+
+        // The bundle's plugin ConfigMap, with the grants the admin signed off.
+        let bundle = std::fs::read_to_string(repo_root().join("policies/mariadb.yaml"))?;
+        let plugin_config_map = serde_yaml::Deserializer::from_str(&bundle)
+            .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
+            .find(|document| document["kind"] == "ConfigMap")
+            .ok_or_else(|| anyhow::anyhow!("policies/mariadb.yaml holds no plugin ConfigMap"))?;
+        let mut plugin_config_map: ConfigMap = serde_yaml::from_value(plugin_config_map)?;
+        plugin_config_map.metadata.namespace = None;
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        plugins::apply_pack(&config_maps, plugin_config_map, "mariadb-e2e").await?;
+
+        let example: Value = serde_yaml::from_str(&std::fs::read_to_string(
+            repo_root().join("deploy/examples/mariadb-cluster.yaml"),
+        )?)?;
+        let name = example["metadata"]["name"]
+            .as_str()
+            .unwrap_or("example-db")
+            .to_owned();
+        anyhow::ensure!(
+            format!(
+                "mariadb:{}",
+                example["spec"]["version"].as_str().unwrap_or_default()
+            ) == image.name(),
+            "the example runs the declared image {}",
+            image.name()
+        );
+        let clusters: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &namespace,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("mariadb.policy-host.io", "v1alpha1", "MariaDBCluster"),
+                "mariadbclusters",
+            ),
+        );
+        clusters
+            .patch(
+                &name,
+                &PatchParams::apply("mariadb-e2e").force(),
+                &Patch::Apply(&example),
+            )
+            .await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let mut cluster = ExampleCluster {
+            env,
+            host,
+            namespace,
+            name,
+            image,
+            clusters,
+            pods,
+            root_password: String::new(),
+        };
+        if let Err(e) = cluster.primary(CREATED, |_| true).await {
+            cluster.print_logs().await;
+            cluster.host.stop().await;
+            return Err(e);
+        }
+        // The host generated the root password on the plugin's first read.
+        let secrets: Api<Secret> = Api::namespaced(client, &cluster.namespace);
+        let secret = secrets.get(&format!("{}-credentials", cluster.name)).await?;
+        cluster.root_password = secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get("root-password"))
+            .map(|value| String::from_utf8_lossy(&value.0).into_owned())
+            .ok_or_else(|| anyhow::anyhow!("the credentials Secret has no root-password"))?;
+        Ok(cluster)
+    }
+
+    /// The primary the status names (`currentPrimary`), once one `accept` takes is there with
+    /// a Ready Pod: its name and IP.
+    async fn primary(
+        &self,
+        within: Duration,
+        accept: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<(String, String)> {
+        eventually("a primary elected and Ready", within, || async {
+            let cluster = self
+                .clusters
+                .get(&self.name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = &cluster.data["status"];
+            let primary = status["currentPrimary"]
+                .as_str()
+                .filter(|p| accept(p))
+                .ok_or_else(|| format!("no such primary yet; status {status}"))?
+                .to_owned();
+            let (ready, ip) = self.ready_ip(&primary).await?;
+            match (ready, ip) {
+                (true, Some(ip)) => Ok((primary, ip)),
+                _ => Err(format!("primary {primary} not Ready; status {status}")),
+            }
+        })
+        .await
+    }
+
+    /// Whether Pod `name` is Ready, and its IP.
+    async fn ready_ip(&self, name: &str) -> Result<(bool, Option<String>), String> {
+        let pod = self.pods.get(name).await.map_err(|e| e.to_string())?;
+        let status = pod.status.unwrap_or_default();
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok((ready, status.pod_ip))
+    }
+
+    /// `sql` as root on the server at `ip`.
+    fn query(&self, ip: &str, sql: &str) -> anyhow::Result<String> {
+        query(&self.image, ip, "root", &self.root_password, sql).map_err(anyhow::Error::msg)
+    }
+
+    async fn print_logs(&self) {
+        for ordinal in 0..3 {
+            let pod = format!("{}-{ordinal}", self.name);
+            eprintln!("{}", self.env.pod_logs(&self.namespace, &pod).await);
+        }
+    }
+}
+
+/// The example's plugin creates the servers, elects a primary, and the primary takes writes
+/// with the root password the host generated for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::Result<()> {
+    init_logging();
+    let cluster = ExampleCluster::start("mariadb-example").await?;
+    let outcome = async {
+        let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
+        let written = cluster
+            .query(
+                &ip,
+                "CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.t (k INT PRIMARY KEY); REPLACE INTO e2e.t VALUES (1); SELECT @@read_only, COUNT(*) FROM e2e.t",
+            )
+            .map_err(|e| anyhow::anyhow!("writing to the primary {primary} at {ip}: {e}"))?;
+        anyhow::ensure!(written.trim() == "0\t1", "the primary takes writes: {written}");
+        Ok(())
+    }
+    .await;
+    cluster.host.stop().await;
+    outcome
+}
+
+/// One write, `INSERT` of `key` on its own connection, acknowledged only when the client
+/// exits 0 within [`WRITE_DEADLINE`] (a commit waiting for a replica that never answers is
+/// not acknowledged; its client is killed).
+fn write(image: &MadeImage, ip: &str, password: &str, key: u64) -> bool {
+    let Ok(mut command) = image.command("mariadb") else {
+        return false;
+    };
+    let child = command
+        .args(["--no-defaults", "--connect-timeout=2", "-h", ip, "-u", "root"])
+        .arg(format!("-p{password}"))
+        .args(["-e", &format!("INSERT INTO e2e.w VALUES ({key})")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return false;
+    };
+    let deadline = Instant::now() + WRITE_DEADLINE;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}
+
+/// The primary's Pod deleted with no grace while a client writes to it: the plugin fences the
+/// replicas, promotes the one holding every acknowledged write, and the old primary's Pod,
+/// created again on its claim, rejoins as a replica. Every write the client saw acknowledged is
+/// on the new primary and, once they caught up, on every server. Prints how long the cluster
+/// took from the delete to a writable new primary (a figure for BENCHMARKS.md, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()> {
+    init_logging();
+    let cluster = ExampleCluster::start("mariadb-failover").await?;
+    let outcome = async {
+        let (old, ip) = cluster.primary(CREATED, |_| true).await?;
+        cluster.query(
+            &ip,
+            "CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY)",
+        )?;
+        // Both replicas replicating, so a write is acknowledged by one of them (semi-sync).
+        eventually("both replicas replicating", CREATED, || async {
+            let cluster_object = cluster
+                .clusters
+                .get(&cluster.name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = &cluster_object.data["status"];
+            (status["readyReplicas"] == 2)
+                .then_some(())
+                .ok_or_else(|| format!("status {status}"))
+        })
+        .await?;
+
+        // The client writes key after key to the primary until the primary is gone.
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = std::thread::spawn({
+            let (image, ip, password) = (
+                cluster.image.clone(),
+                ip.clone(),
+                cluster.root_password.clone(),
+            );
+            let stop = stop.clone();
+            move || {
+                let mut acknowledged = Vec::new();
+                let mut key = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    key += 1;
+                    if write(&image, &ip, &password, key) {
+                        acknowledged.push(key);
+                    }
+                }
+                acknowledged
+            }
+        });
+        // Some writes first, then the kill.
+        eventually("the first writes acknowledged", Duration::from_secs(30), || async {
+            let count = cluster
+                .query(&ip, "SELECT COUNT(*) FROM e2e.w")
+                .map_err(|e| e.to_string())?;
+            (count.trim().parse::<u64>().unwrap_or(0) >= 20)
+                .then_some(())
+                .ok_or_else(|| format!("{} rows", count.trim()))
+        })
+        .await?;
+        let killed = Instant::now();
+        cluster
+            .pods
+            .delete(&old, &DeleteParams::default().grace_period(0))
+            .await?;
+        let (new, new_ip) = cluster
+            .primary(FAILED_OVER, |primary| primary != old)
+            .await?;
+        let writable = eventually("the new primary writable", FAILED_OVER, || async {
+            cluster
+                .query(&new_ip, "SELECT @@read_only")
+                .map_err(|e| e.to_string())
+                .and_then(|r| {
+                    (r.trim() == "0")
+                        .then_some(())
+                        .ok_or_else(|| format!("read_only {}", r.trim()))
+                })
+        })
+        .await;
+        let failover = killed.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let acknowledged = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+        writable?;
+        eprintln!(
+            "mariadb failover: {old} deleted (grace 0) -> {new} primary and writable in {:.1} s; {} writes acknowledged before",
+            failover.as_secs_f64(),
+            acknowledged.len()
+        );
+
+        // Every acknowledged write is on the new primary.
+        let keys: std::collections::BTreeSet<u64> = cluster
+            .query(&new_ip, "SELECT k FROM e2e.w")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let lost: Vec<u64> = acknowledged
+            .iter()
+            .copied()
+            .filter(|k| !keys.contains(k))
+            .collect();
+        anyhow::ensure!(
+            lost.is_empty(),
+            "{} acknowledged writes are not on the new primary {new}: {lost:?}",
+            lost.len()
+        );
+
+        // The old primary's Pod is back on its claim and replicates from the new one.
+        eventually(
+            &format!("{old} back as a replica of {new}"),
+            CREATED,
+            || async {
+                let (ready, ip) = cluster.ready_ip(&old).await?;
+                let ip = ip.filter(|_| ready).ok_or("not Ready yet")?;
+                let count = cluster
+                    .query(&ip, "SELECT @@read_only, COUNT(*) FROM e2e.w")
+                    .map_err(|e| e.to_string())?;
+                (count.trim() == format!("1\t{}", keys.len()))
+                    .then_some(())
+                    .ok_or_else(|| format!("read_only, rows: {}", count.trim()))
+            },
+        )
+        .await?;
+        Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        cluster.print_logs().await;
+    }
+    cluster.host.stop().await;
+    outcome
+}
