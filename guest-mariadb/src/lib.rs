@@ -149,7 +149,17 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
     let credentials = credentials::read(app, &parent.spec.secret(&name));
     let mut servers = Vec::new();
     let mut clients = BTreeMap::new();
-    for pod in observation.pods()? {
+    // The recorded primary is asked last: under writes a replica asked after the primary
+    // would hold the primary's newest transactions and look errant (holding what the
+    // primary's older answer lacks). Asked last, the primary's answer holds all its own
+    // writes that any replica's does.
+    let recorded_primary = parent
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone());
+    let mut pods = observation.pods()?;
+    pods.sort_by_key(|pod| recorded_primary.as_deref() == Some(pod.name.as_str()));
+    for pod in pods {
         if children::ordinal(&name, &pod.name).is_none() {
             continue;
         }
