@@ -120,7 +120,9 @@ impl ExampleCluster {
         }
         // The host generated the root password on the plugin's first read.
         let secrets: Api<Secret> = Api::namespaced(client, &cluster.namespace);
-        let secret = secrets.get(&format!("{}-credentials", cluster.name)).await?;
+        let secret = secrets
+            .get(&format!("{}-credentials", cluster.name))
+            .await?;
         cluster.root_password = secret
             .data
             .as_ref()
@@ -179,6 +181,20 @@ impl ExampleCluster {
         for ordinal in 0..3 {
             let pod = format!("{}-{ordinal}", self.name);
             eprintln!("{}", self.env.pod_logs(&self.namespace, &pod).await);
+            // What each server holds and whom it follows: the evidence a failover is judged by.
+            let answer = match self.ready_ip(&pod).await {
+                Ok((_, Some(ip))) => self
+                    .query(
+                        &ip,
+                        "SELECT @@server_id, @@read_only, @@gtid_binlog_state, @@gtid_current_pos, @@gtid_slave_pos; SELECT COUNT(*), MAX(k) FROM e2e.w; SHOW SLAVE STATUS\\G",
+                    )
+                    .unwrap_or_else(|e| e.to_string()),
+                Ok((_, None)) => "no IP".to_owned(),
+                Err(e) => e,
+            };
+            eprintln!(
+                "== {pod}: server_id, read_only, binlog state, current, slave pos; rows\n{answer}"
+            );
         }
     }
 }
@@ -213,7 +229,14 @@ fn write(image: &MadeImage, ip: &str, password: &str, key: u64) -> bool {
         return false;
     };
     let child = command
-        .args(["--no-defaults", "--connect-timeout=2", "-h", ip, "-u", "root"])
+        .args([
+            "--no-defaults",
+            "--connect-timeout=2",
+            "-h",
+            ip,
+            "-u",
+            "root",
+        ])
         .arg(format!("-p{password}"))
         .args(["-e", &format!("INSERT INTO e2e.w VALUES ({key})")])
         .stdout(Stdio::null())
@@ -346,22 +369,80 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             lost.len()
         );
 
-        // The old primary's Pod is back on its claim and replicates from the new one.
-        eventually(
-            &format!("{old} back as a replica of {new}"),
+        // The old primary's Pod is back on its claim, read-only: a replica of the new primary
+        // when it holds nothing the new one lacks, or else quarantined as errant (listed in
+        // status, its role label `errant`, not replicating); its extra rows are unacknowledged
+        // (every acknowledged one is on the new primary, checked above).
+        let outcome = eventually(
+            &format!("{old} back as a replica of {new} or quarantined"),
             CREATED,
             || async {
                 let (ready, ip) = cluster.ready_ip(&old).await?;
                 let ip = ip.filter(|_| ready).ok_or("not Ready yet")?;
-                let count = cluster
-                    .query(&ip, "SELECT @@read_only, COUNT(*) FROM e2e.w")
+                let answer = cluster
+                    .query(
+                        &ip,
+                        "SELECT @@global.read_only, @@global.gtid_binlog_state, (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Slave_SQL')",
+                    )
                     .map_err(|e| e.to_string())?;
-                (count.trim() == format!("1\t{}", keys.len()))
-                    .then_some(())
-                    .ok_or_else(|| format!("read_only, rows: {}", count.trim()))
+                let fields: Vec<&str> = answer.trim().split('\t').collect();
+                let [read_only, binlog_state, applying] = fields[..] else {
+                    return Err(format!("unexpected answer {answer:?}"));
+                };
+                if read_only != "1" {
+                    return Err(format!("{old} is writable (read_only {read_only}, binlog {binlog_state})"));
+                }
+                let rows: std::collections::BTreeSet<u64> = cluster
+                    .query(&ip, "SELECT k FROM e2e.w")
+                    .map_err(|e| e.to_string())?
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect();
+                let status = cluster
+                    .clusters
+                    .get(&cluster.name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .data["status"]
+                    .clone();
+                let quarantined = status["errantReplicas"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|n| n == old.as_str()));
+                if quarantined {
+                    let role = cluster
+                        .pods
+                        .get(&old)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .metadata
+                        .labels
+                        .unwrap_or_default()
+                        .get("mariadb.policy-host.io/role")
+                        .cloned()
+                        .unwrap_or_default();
+                    let extra: Vec<u64> = rows.difference(&keys).copied().collect();
+                    return (role == "errant" && applying == "0" && !extra.is_empty())
+                        .then(|| format!("quarantined as errant, holding {extra:?} (binlog {binlog_state})"))
+                        .ok_or_else(|| format!("listed errant; role {role:?}, replication threads {applying}, rows beyond the new primary's {extra:?}"));
+                }
+                (rows == keys && applying != "0")
+                    .then(|| format!("a replica again (binlog {binlog_state})"))
+                    .ok_or_else(|| format!("read-only, {} rows, replication threads {applying}, status {status}", rows.len()))
             },
         )
         .await?;
+        eprintln!("mariadb failover: the old primary {old} came back {outcome}");
+        // One server takes writes.
+        let mut writable = Vec::new();
+        for ordinal in 0..3 {
+            let pod = format!("{}-{ordinal}", cluster.name);
+            if let Ok((_, Some(ip))) = cluster.ready_ip(&pod).await
+                && cluster.query(&ip, "SELECT @@global.read_only")?.trim() == "0"
+            {
+                writable.push(pod);
+            }
+        }
+        anyhow::ensure!(writable == [new.clone()], "writable servers: {writable:?}");
         Ok(())
     }
     .await;
