@@ -1121,17 +1121,7 @@ impl ConfigMapSource {
                 secret: secret_name.clone(),
                 problem,
             };
-            let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-            let secret = secrets
-                .get_opt(name)
-                .await
-                .map_err(|e| {
-                    bad(format!(
-                        "cannot read it ({})",
-                        crate::api_error::api_error_text(&e)
-                    ))
-                })?
-                .ok_or_else(|| bad("it does not exist".to_owned()))?;
+            let secret: Secret = self.read_named(name).await.map_err(&bad)?;
             let json = secret
                 .data
                 .as_ref()
@@ -1157,42 +1147,39 @@ impl ConfigMapSource {
             problem,
         };
         let pem = match ca {
-            CaSource::Secret(name) => {
-                let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-                secrets
-                    .get_opt(name)
-                    .await
-                    .map_err(|e| {
-                        bad(format!(
-                            "cannot read it ({})",
-                            crate::api_error::api_error_text(&e)
-                        ))
-                    })?
-                    .ok_or_else(|| bad("it does not exist".to_owned()))?
-                    .data
-                    .and_then(|mut d| d.remove(CA_KEY))
-                    .map(|b| b.0)
-            }
-            CaSource::ConfigMap(name) => {
-                let config_maps: Api<ConfigMap> =
-                    Api::namespaced(self.client.clone(), &self.namespace);
-                config_maps
-                    .get_opt(name)
-                    .await
-                    .map_err(|e| {
-                        bad(format!(
-                            "cannot read it ({})",
-                            crate::api_error::api_error_text(&e)
-                        ))
-                    })?
-                    .ok_or_else(|| bad("it does not exist".to_owned()))?
-                    .data
-                    .and_then(|mut d| d.remove(CA_KEY))
-                    .map(String::into_bytes)
-            }
+            CaSource::Secret(name) => self
+                .read_named::<Secret>(name)
+                .await
+                .map_err(&bad)?
+                .data
+                .and_then(|mut d| d.remove(CA_KEY))
+                .map(|b| b.0),
+            CaSource::ConfigMap(name) => self
+                .read_named::<ConfigMap>(name)
+                .await
+                .map_err(&bad)?
+                .data
+                .and_then(|mut d| d.remove(CA_KEY))
+                .map(String::into_bytes),
         };
         access.ca_pem = Some(pem.ok_or_else(|| bad(format!("it has no key {CA_KEY}")))?);
         Ok((access, ca_source))
+    }
+
+    /// Object `name` of the plugin namespace, or why it cannot be had, worded as the problem
+    /// an Event names: "it does not exist", "cannot read it (…)".
+    async fn read_named<K>(&self, name: &str) -> Result<K, String>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Api::<K>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("cannot read it ({})", crate::api_error::api_error_text(&e)))?
+            .ok_or_else(|| "it does not exist".to_owned())
     }
 
     async fn compile(&self, source: &str, pack: &PluginPack) -> Result<Plugin, RefusalError> {

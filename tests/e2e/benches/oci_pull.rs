@@ -36,31 +36,6 @@ fn summary(mut samples: Vec<Duration>) -> String {
     )
 }
 
-/// `component` with a custom section of zeros appended, about `size` bytes in all.
-fn padded_to(component: &[u8], size: usize) -> Vec<u8> {
-    fn leb128(mut value: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (value & 0x7f) as u8;
-            value >>= 7;
-            if value == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"padding";
-    let mut body = Vec::new();
-    leb128(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.resize(size.saturating_sub(component.len()), 0);
-    let mut out = component.to_vec();
-    out.push(0);
-    leb128(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 fn main() -> Result<()> {
     let runs: usize = std::env::var("OCI_PULL_BENCH_RUNS")
         .ok()
@@ -75,7 +50,8 @@ fn main() -> Result<()> {
         let etcd = std::fs::read(
             policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow!("{e}"))?,
         )?;
-        let big = padded_to(&etcd, 20 << 20);
+        let big =
+            policy_host_e2e::plugins::padded(&etcd, (20usize << 20).saturating_sub(etcd.len()));
         let access = RegistryAccess {
             credentials: Some((USER.into(), PASSWORD.into())),
             ca_pem: Some(registry.ca_pem.clone().into_bytes()),

@@ -1,5 +1,6 @@
 //! Helpers of the suites that load plugins through ConfigMaps: applying a pack as the admin
-//! would, and waiting for the Event the host records about an object.
+//! would, waiting for the Event the host records about an object, and making a component
+//! bigger without changing what it does.
 
 use std::time::Duration;
 
@@ -57,4 +58,31 @@ pub async fn event_about(
         },
     )
     .await?)
+}
+
+/// `component` with a custom section (`padding`) of `extra` zero bytes appended: the same
+/// plugin, as big as a component of another language, to exercise size limits and pulls.
+pub fn padded(component: &[u8], extra: usize) -> Vec<u8> {
+    fn leb128(mut value: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            if value == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let name = b"padding";
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name);
+    body.resize(body.len() + extra, 0);
+    let mut out = component.to_vec();
+    // Section id 0: a custom section, which every reader skips.
+    out.push(0);
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
 }

@@ -115,32 +115,6 @@ fn reference_of(cm: &ConfigMap) -> anyhow::Result<PluginReference> {
     Ok(PluginReference::parse(text)?)
 }
 
-/// `component` with a custom section of `extra` zero bytes appended: still a component, and
-/// `extra` bytes larger.
-fn padded(component: &[u8], extra: usize) -> Vec<u8> {
-    fn leb128(mut value: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (value & 0x7f) as u8;
-            value >>= 7;
-            if value == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"padding";
-    let mut body = Vec::new();
-    leb128(name.len(), &mut body);
-    body.extend_from_slice(name);
-    body.resize(body.len() + extra, 0);
-    let mut out = component.to_vec();
-    out.push(0);
-    leb128(body.len(), &mut out);
-    out.extend_from_slice(&body);
-    out
-}
-
 /// `(component (import "wasi:cli/environment@0.3.0" (instance)))`: what an async toolchain's
 /// WASI 0.3 world looks like to the host (none is installed here).
 fn importing_wasi_0_3() -> Vec<u8> {
@@ -289,7 +263,7 @@ async fn plugins_by_digest_load_swap_and_are_refused_keeping_the_old_one() -> an
         altered[middle] ^= 0xff;
         std::fs::write(&blob, altered)?;
         // A component over the host's pull limit, pushed without `pack`'s checks.
-        let big = padded(&v1, usize::try_from(PULL_LIMIT)? + (512 << 10));
+        let big = plugins::padded(&v1, usize::try_from(PULL_LIMIT)? + (512 << 10));
         let big_reference =
             oci::push(&format!("{repository}:big"), &big, &access, "the test CA").await?;
         // A component of a WASI 0.3 world.
