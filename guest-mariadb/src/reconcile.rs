@@ -247,6 +247,26 @@ pub fn decide(facts: &Facts) -> Plan {
         };
     }
 
+    if facts.spec.paused {
+        return paused(facts, status, actions);
+    }
+    // Resumed: say so once, and carry on from what the servers say now.
+    if status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Paused" && c.status == "True")
+    {
+        actions.push(Action::RecordEvent(Event::normal(
+            "Resumed",
+            RESUMED_MESSAGE,
+        )));
+        set_condition(
+            &mut status.conditions,
+            Condition::new("Paused", false, "Resumed", RESUMED_MESSAGE).observed(facts.generation),
+            facts.now,
+        );
+    }
+
     let mut commands = Vec::new();
     let mut events = Vec::new();
     let verdict = match &facts.credentials_unavailable {
@@ -291,19 +311,8 @@ pub fn decide(facts: &Facts) -> Plan {
     actions.extend(events);
 
     // Status.
-    let replicas: Vec<ReplicaState> = facts
-        .servers
-        .iter()
-        .filter(|s| Some(s.name.as_str()) != verdict.primary.as_deref() && !s.gone())
-        .map(|s| replica_state(facts, s, verdict.primary.as_deref(), &errant))
-        .collect();
-    let ready = replicas.iter().filter(|r| r.state == "Replicating").count();
-    status.ready_replicas = i32::try_from(ready).unwrap_or(i32::MAX);
-    status.replicas = replicas;
+    let ready = record_servers(facts, &mut status, verdict.primary.as_deref(), &errant);
     status.current_primary = verdict.primary.clone();
-    if let Some(p) = primary_probe {
-        status.primary_gtid_pos = p.binlog_pos.to_string();
-    }
     for name in &errant {
         if !status.errant_replicas.contains(name) {
             actions.push(Action::RecordEvent(Event::warning(
@@ -425,24 +434,7 @@ pub fn decide(facts: &Facts) -> Plan {
         );
     }
     actions.push(status_action(&status));
-    let metrics = crate::metrics::report(&crate::metrics::Seen {
-        status: &status,
-        desired: facts.spec.replicas,
-        primary_pos: primary_probe.map(|p| &p.binlog_pos),
-        replicas: facts
-            .servers
-            .iter()
-            .filter(|s| Some(s.name.as_str()) != verdict.primary.as_deref())
-            .filter_map(|s| Some((s.name.as_str(), &s.answer()?.current_pos)))
-            .collect(),
-        events: actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::RecordEvent(event) => Some(event.reason.as_str()),
-                _ => None,
-            })
-            .collect(),
-    });
+    let metrics = metrics(facts, &status, verdict.primary.as_deref(), &actions);
     Plan {
         metrics,
         commands,
@@ -453,6 +445,101 @@ pub fn decide(facts: &Facts) -> Plan {
             verdict.requeue_ms.min(REQUEUE_BUSY_MS)
         }),
     }
+}
+
+/// The `Paused` condition's message while `spec.paused` holds.
+const PAUSED_MESSAGE: &str = "spec.paused is true: no command is sent to a server (no failover, switchover or repointing) and no child is written or deleted; set spec.paused to false to resume";
+
+/// The `Paused` condition's message once resumed.
+const RESUMED_MESSAGE: &str =
+    "spec.paused was set back to false: the plugin acts on what the servers say now";
+
+/// `spec.paused`: the servers are only read (a human may be working on them, or on the Pods
+/// and Services): no command, no child applied or deleted. The status keeps reporting what
+/// the servers say, under the primary it last recorded.
+fn paused(facts: &Facts, mut status: MariaDBClusterStatus, mut actions: Vec<Action>) -> Plan {
+    let primary = status.current_primary.clone();
+    let errant = status.errant_replicas.clone();
+    record_servers(facts, &mut status, primary.as_deref(), &errant);
+    status.observed_generation = facts.generation;
+    status.phase = "Paused".into();
+    let condition = Condition::new("Paused", true, "Paused", PAUSED_MESSAGE);
+    if !already_set(&status.conditions, &condition) {
+        actions.push(Action::RecordEvent(Event::normal("Paused", PAUSED_MESSAGE)));
+    }
+    for condition in [
+        condition,
+        Condition::new("Progressing", false, "Paused", PAUSED_MESSAGE),
+    ] {
+        set_condition(
+            &mut status.conditions,
+            condition.observed(facts.generation),
+            facts.now,
+        );
+    }
+    actions.push(status_action(&status));
+    Plan {
+        commands: Vec::new(),
+        metrics: metrics(facts, &status, primary.as_deref(), &actions),
+        actions,
+        requeue_after_ms: Some(REQUEUE_STEADY_MS),
+    }
+}
+
+/// What each server other than `primary` is (replicating, lagging, errant, …), how many
+/// replicate, and the primary's binlog position, into `status`; returns how many replicate.
+fn record_servers(
+    facts: &Facts,
+    status: &mut MariaDBClusterStatus,
+    primary: Option<&str>,
+    errant: &[String],
+) -> usize {
+    let replicas: Vec<ReplicaState> = facts
+        .servers
+        .iter()
+        .filter(|s| Some(s.name.as_str()) != primary && !s.gone())
+        .map(|s| replica_state(facts, s, primary, errant))
+        .collect();
+    let ready = replicas.iter().filter(|r| r.state == "Replicating").count();
+    status.ready_replicas = i32::try_from(ready).unwrap_or(i32::MAX);
+    status.replicas = replicas;
+    if let Some(p) = primary
+        .and_then(|p| server(facts, p))
+        .and_then(Server::answer)
+    {
+        status.primary_gtid_pos = p.binlog_pos.to_string();
+    }
+    ready
+}
+
+/// The decision's domain metrics, from the status it writes and the Events it records.
+fn metrics(
+    facts: &Facts,
+    status: &MariaDBClusterStatus,
+    primary: Option<&str>,
+    actions: &[Action],
+) -> Vec<policy_host_sdk::metrics::Sample> {
+    crate::metrics::report(&crate::metrics::Seen {
+        status,
+        desired: facts.spec.replicas,
+        primary_pos: primary
+            .and_then(|p| server(facts, p))
+            .and_then(Server::answer)
+            .map(|p| &p.binlog_pos),
+        replicas: facts
+            .servers
+            .iter()
+            .filter(|s| Some(s.name.as_str()) != primary)
+            .filter_map(|s| Some((s.name.as_str(), &s.answer()?.current_pos)))
+            .collect(),
+        events: actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::RecordEvent(event) => Some(event.reason.as_str()),
+                _ => None,
+            })
+            .collect(),
+    })
 }
 
 fn server<'a>(facts: &'a Facts, name: &str) -> Option<&'a Server> {
@@ -2210,6 +2297,77 @@ mod tests {
         ] {
             assert!(applied.iter().any(|a| a == want), "{want} in {applied:?}");
         }
+    }
+
+    fn condition(plan: &Plan, kind: &str) -> serde_json::Value {
+        let status = plan
+            .actions
+            .iter()
+            .rev()
+            .find_map(|a| match a {
+                Action::SetStatus(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == kind)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_paused_cluster_whose_primary_is_lost_is_only_read_no_command_no_child_written() {
+        // The primary's Pod ended: unpaused, this fences and promotes (decision table).
+        let mut f = facts(
+            Some(0),
+            2,
+            vec![
+                silent(0, PodState::Ended),
+                replica(1, 0, "0-1-10"),
+                replica(2, 0, "0-1-9"),
+            ],
+        );
+        f.spec.paused = true;
+        let plan = decide(&f);
+        assert_eq!(plan.commands, vec![], "nothing is sent to a server");
+        assert!(
+            plan.actions
+                .iter()
+                .all(|a| matches!(a, Action::SetStatus(_) | Action::RecordEvent(_))),
+            "no child applied or deleted: {:?}",
+            plan.actions
+        );
+        let seen = outcome(&plan);
+        assert_eq!(seen.primary.as_deref(), Some("db-0"));
+        assert_eq!(seen.events, ["Paused"]);
+        let paused = condition(&plan, "Paused");
+        assert_eq!(paused["status"], "True", "{paused}");
+        assert_eq!(condition(&plan, "Progressing")["reason"], "Paused");
+
+        // Once the Paused condition is recorded, no second Event.
+        let mut again = f.clone();
+        again.status = serde_json::from_value(
+            plan.actions
+                .iter()
+                .rev()
+                .find_map(|a| match a {
+                    Action::SetStatus(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default(),
+        )
+        .expect("the status it wrote");
+        assert_eq!(outcome(&decide(&again)).events, Vec::<String>::new());
+
+        // Resumed: the failover goes ahead, and the condition says it was resumed.
+        again.spec.paused = false;
+        let resumed = decide(&again);
+        assert!(!resumed.commands.is_empty(), "the replicas are fenced");
+        assert_eq!(condition(&resumed, "Paused")["status"], "False");
+        assert!(outcome(&resumed).events.iter().any(|e| e == "Resumed"));
     }
 
     #[test]

@@ -65,7 +65,7 @@ fn default_storage_size() -> String {
             name = "Phase",
             type_ = "string",
             json_path = ".status.phase",
-            description = "Creating, Healthy, FailingOver, SwitchingOver or Degraded"
+            description = "Creating, Healthy, FailingOver, SwitchingOver, Degraded or Paused"
         ),
         printcolumn(
             name = "Age",
@@ -83,6 +83,12 @@ pub struct MariaDBClusterSpec {
         "message": "spec.replicas must be 0 to 8 (the primary not counted)"
     }]))]
     pub replicas: i32,
+    /// Stop changing the cluster while a human works on it: no command is sent to a server (no
+    /// failover, switchover, promotion or repointing), and no child is written or deleted. The
+    /// servers are still read, so the status keeps reporting what they say, with a `Paused`
+    /// condition. Set it back to `false` to resume where it stopped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
     /// MariaDB version (`10.11`); the image is `mariadb:<version>` unless `image` is set.
     /// Read when a server's Pod is created.
     #[serde(default = "default_version")]
@@ -200,6 +206,7 @@ impl Default for MariaDBClusterSpec {
     fn default() -> Self {
         MariaDBClusterSpec {
             replicas: default_replicas(),
+            paused: false,
             version: default_version(),
             image: None,
             credentials_secret: None,
@@ -328,7 +335,7 @@ pub struct MariaDBClusterStatus {
     /// carried out again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_switchover: Option<String>,
-    /// `Creating`, `Healthy`, `FailingOver`, `SwitchingOver` or `Degraded`.
+    /// `Creating`, `Healthy`, `FailingOver`, `SwitchingOver`, `Degraded` or `Paused`.
     #[serde(default)]
     pub phase: String,
     /// The `metadata.generation` this status was computed from.
