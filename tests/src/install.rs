@@ -36,11 +36,16 @@ pub fn deployment_image(root: &Path) -> Result<String> {
     })
 }
 
+/// Where the Dockerfile's build stage leaves the plugins it builds (`cargo build --profile
+/// plugin --target wasm32-wasip2`).
+const DOCKERFILE_PLUGINS: &str = "/src/target/wasm32-wasip2/plugin/";
+
 /// The host's image as `deploy/Dockerfile` describes it (the final stage's files, user,
 /// entrypoint, command; the base's CA bundle), named as `deploy/deployment.yaml` runs it,
-/// with `host` (a dev build stands in for the release one, at the same path) and the etcd
-/// plugin component `plugin`.
-pub fn host_image(root: &Path, host: &Path, plugin: &Path) -> Result<ImageSpec> {
+/// with `host` (a dev build stands in for the release one, at the same path) and the plugin
+/// components it bundles taken from `plugins`, a directory holding them under the names the
+/// Dockerfile copies (whichever plugins those are).
+pub fn host_image(root: &Path, host: &Path, plugins: &Path) -> Result<ImageSpec> {
     let path = root.join("deploy/Dockerfile");
     let text =
         std::fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
@@ -51,8 +56,9 @@ pub fn host_image(root: &Path, host: &Path, plugin: &Path) -> Result<ImageSpec> 
     let name = deployment_image(root)?;
     dockerfile.image_spec(&name, |source| match source {
         "/src/target/release/policy-host" => Some(host.to_owned()),
-        "/src/target/wasm32-wasip2/plugin/guest_etcd.wasm" => Some(plugin.to_owned()),
-        _ => None,
+        _ => source
+            .strip_prefix(DOCKERFILE_PLUGINS)
+            .map(|file| plugins.join(file)),
     })
 }
 

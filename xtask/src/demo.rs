@@ -74,7 +74,10 @@ async fn demo(root: &Path, cluster_file: &Path) -> anyhow::Result<()> {
     }
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let host_image = install::host_image(root, &install::host_binary_path(root), &plugin)?;
+    let plugins = plugin
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", plugin.display()))?;
+    let host_image = install::host_image(root, &install::host_binary_path(root), plugins)?;
     images.push(host_image.write_archive(&images_dir)?);
     step("starting the node: containerd, kubelet, CNI bridge, CoreDNS, kube-proxy");
     let node = Node::start(

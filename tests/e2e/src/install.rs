@@ -57,9 +57,13 @@ fn target_dir() -> PathBuf {
 /// `deploy/deployment.yaml` uses, imports it into the node, and returns the name.
 pub fn load_host_image(env: &TestEnv) -> anyhow::Result<String> {
     let host = host_binary()?;
+    // The plugin deploy/Dockerfile bundles, built where the others are.
     let plugin =
         policy_host_test_plugins::build("guest-etcd").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let spec = install::host_image(&repo_root(), &host, &plugin)?;
+    let plugins = plugin
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", plugin.display()))?;
+    let spec = install::host_image(&repo_root(), &host, plugins)?;
     env.load_image(&spec)?;
     Ok(spec.name)
 }
