@@ -210,11 +210,13 @@ async fn the_primary(objects: &Api<DynamicObject>, pods: &Api<Pod>) -> Result<Po
 
 /// `INFO replication` of the server at `ip`, as field -> value.
 async fn replication(ip: &str) -> Result<BTreeMap<String, String>> {
+    info(ip, &["INFO", "replication"], Duration::from_secs(2)).await
+}
+
+/// The answer to `command` (an `INFO …`) from the server at `ip`, as field -> value.
+async fn info(ip: &str, command: &[&str], timeout: Duration) -> Result<BTreeMap<String, String>> {
     let mut connection = Connection::open(ip).await?;
-    match connection
-        .call(&["INFO", "replication"], Duration::from_secs(2))
-        .await?
-    {
+    match connection.call(command, timeout).await? {
         Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
             .lines()
             .filter_map(|l| {
@@ -222,7 +224,7 @@ async fn replication(ip: &str) -> Result<BTreeMap<String, String>> {
                 Some((k.to_owned(), v.to_owned()))
             })
             .collect()),
-        other => bail!("INFO replication from {ip} answered {other:?}"),
+        other => bail!("{} from {ip} answered {other:?}", command.join(" ")),
     }
 }
 
@@ -308,22 +310,14 @@ fn stopped(pod: &Pod, at_ms: i64) -> ServerSeen {
 
 /// `INFO replication keyspace` of the server at `ip`, as field -> value, within 1 s.
 async fn server_info(ip: &str) -> Result<BTreeMap<String, String>> {
-    tokio::time::timeout(Duration::from_secs(1), async {
-        let mut connection = Connection::open(ip).await?;
-        match connection
-            .call(&["INFO", "replication", "keyspace"], Duration::from_secs(1))
-            .await?
-        {
-            Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
-                .lines()
-                .filter_map(|l| {
-                    let (k, v) = l.trim().split_once(':')?;
-                    Some((k.to_owned(), v.to_owned()))
-                })
-                .collect()),
-            other => bail!("INFO answered {other:?}"),
-        }
-    })
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        info(
+            ip,
+            &["INFO", "replication", "keyspace"],
+            Duration::from_secs(1),
+        ),
+    )
     .await
     .context("INFO got no reply within 1 s")?
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
-use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
 use policy_host_testenv::images::MadeImage;
 use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
@@ -163,13 +163,7 @@ impl ExampleCluster {
     /// Whether Pod `name` is Ready, and its IP.
     async fn ready_ip(&self, name: &str) -> Result<(bool, Option<String>), String> {
         let pod = self.pods.get(name).await.map_err(|e| e.to_string())?;
-        let status = pod.status.unwrap_or_default();
-        let ready = status
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        Ok((ready, status.pod_ip))
+        Ok((pod_ready(&pod), pod.status.and_then(|s| s.pod_ip)))
     }
 
     /// `sql` as root on the server at `ip`.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::{init_logging, repo_root};
 use policy_host_testenv::images::MadeImage;
 use policy_host_testenv::shared_node;
@@ -94,12 +94,8 @@ async fn a_pod_from_the_declared_mariadb_image_runs_mariadbd_and_answers_queries
     pods.create(&PostParams::default(), &server).await?;
     let ready = eventually("mariadb-0 Ready on the real node", READY, || async {
         let pod = pods.get("mariadb-0").await.map_err(|e| e.to_string())?;
+        let ready = pod_ready(&pod);
         let status = pod.status.unwrap_or_default();
-        let ready = status
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
         match (ready, status.pod_ip) {
             (true, Some(ip)) => Ok(ip),
             _ => Err(format!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, LogParams, PostParams};
-use policy_host_e2e::etcd::eventually;
+use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_testenv::shared_node;
 use serde_json::json;
 
@@ -81,12 +81,8 @@ async fn etcd_pod_on_the_real_node_answers_by_pod_ip_service_and_dns() -> anyhow
     pods.create(&PostParams::default(), &member).await?;
     let pod_ip = eventually("etcd-0 Ready on the real node", READY, || async {
         let pod = pods.get("etcd-0").await.map_err(|e| e.to_string())?;
+        let ready = pod_ready(&pod);
         let status = pod.status.unwrap_or_default();
-        let ready = status
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
         match (ready, status.pod_ip) {
             (true, Some(ip)) => Ok(ip),
             _ => Err(format!(
