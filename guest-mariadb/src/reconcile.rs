@@ -1467,16 +1467,20 @@ mod tests {
         roles: Vec<(String, String)>,
     }
 
-    fn outcome(plan: &Plan) -> Outcome {
-        let status = plan
-            .actions
+    /// The status the plan writes (its last `SetStatus`), or `null`.
+    fn written_status(plan: &Plan) -> serde_json::Value {
+        plan.actions
             .iter()
             .rev()
             .find_map(|a| match a {
                 Action::SetStatus(s) => Some(s.clone()),
                 _ => None,
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    fn outcome(plan: &Plan) -> Outcome {
+        let status = written_status(plan);
         let degraded = status["conditions"]
             .as_array()
             .into_iter()
@@ -2300,15 +2304,7 @@ mod tests {
     }
 
     fn condition(plan: &Plan, kind: &str) -> serde_json::Value {
-        let status = plan
-            .actions
-            .iter()
-            .rev()
-            .find_map(|a| match a {
-                Action::SetStatus(s) => Some(s.clone()),
-                _ => None,
-            })
-            .unwrap_or_default();
+        let status = written_status(plan);
         status["conditions"]
             .as_array()
             .into_iter()
@@ -2349,17 +2345,7 @@ mod tests {
 
         // Once the Paused condition is recorded, no second Event.
         let mut again = f.clone();
-        again.status = serde_json::from_value(
-            plan.actions
-                .iter()
-                .rev()
-                .find_map(|a| match a {
-                    Action::SetStatus(s) => Some(s.clone()),
-                    _ => None,
-                })
-                .unwrap_or_default(),
-        )
-        .expect("the status it wrote");
+        again.status = serde_json::from_value(written_status(&plan)).expect("the status it wrote");
         assert_eq!(outcome(&decide(&again)).events, Vec::<String>::new());
 
         // Resumed: the failover goes ahead, and the condition says it was resumed.
