@@ -458,10 +458,6 @@ impl Campaign {
         let _ = examples
             .delete("example-etcd-cluster", &DeleteParams::background())
             .await;
-        // The node holds the images the suites asked for; the upgrade needs every etcd version
-        // the plugin declares.
-        env.provide_images(&policy_host_e2e::repo_root().join("guest-etcd/test-images.yaml"))
-            .await?;
         let versions = policy_host_e2e::apps::etcd_versions(env);
         if versions.len() < 2 {
             bail!(
