@@ -60,6 +60,7 @@ use policy_host_e2e::campaign::{
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::install::{load_host_image, run_readme_install};
 use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
+use policy_host_testenv::images::MadeImage;
 use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -266,6 +267,8 @@ struct Campaign {
     newer: String,
     evidence: PathBuf,
     swaps: u32,
+    /// The apps' images the campaign loaded (`tests/e2e/test-images.yaml`).
+    images: Vec<MadeImage>,
 }
 
 /// What a fault did, for the run's line and the quorum analysis.
@@ -423,6 +426,20 @@ impl Campaign {
     async fn install() -> Result<Campaign> {
         let env = shared_node().await?;
         let client = env.client().await?;
+        // The apps' images, loaded here rather than found among `env.images()`: the test
+        // environment loads the crate under test's declarations through `CARGO_MANIFEST_DIR`,
+        // which cargo sets for `cargo bench` but not for the campaign's binary started on its
+        // own (BENCHMARKS.md's command), and then the node had no etcd image at all.
+        let declared = Path::new(env!("CARGO_MANIFEST_DIR")).join("test-images.yaml");
+        let images = env.provide_images(&declared).await?;
+        let versions = policy_host_e2e::apps::etcd_versions_in(&images);
+        if versions.len() < 2 {
+            bail!(
+                "{} declares {} etcd version(s) (through guest-etcd/test-images.yaml); the campaign's upgrade needs two",
+                declared.display(),
+                versions.len()
+            );
+        }
         let writer =
             tokio::task::spawn_blocking(move || env.binaries().ensure_campaign_writer()).await??;
         // The checker's verdicts are trusted only once it judges known histories right.
@@ -458,13 +475,7 @@ impl Campaign {
         let _ = examples
             .delete("example-etcd-cluster", &DeleteParams::background())
             .await;
-        let versions = policy_host_e2e::apps::etcd_versions(env);
-        if versions.len() < 2 {
-            bail!(
-                "guest-etcd/test-images.yaml declares one etcd version; the campaign's upgrade needs two"
-            );
-        }
-        let etcdctl = policy_host_e2e::apps::etcd_dir(env, &versions[0])
+        let etcdctl = policy_host_e2e::apps::etcd_dir_in(&images, &versions[0])
             .ok_or_else(|| anyhow!("etcd {} is not built", versions[0]))?
             .join("etcdctl");
         let evidence = std::env::temp_dir().join("fault-campaign");
@@ -478,6 +489,7 @@ impl Campaign {
             older: versions[1].trim_start_matches('v').to_owned(),
             evidence,
             swaps: 0,
+            images,
         })
     }
 

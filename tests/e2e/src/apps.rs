@@ -14,7 +14,12 @@ pub const ETCD_REPOSITORY: &str = "gcr.io/etcd-development/etcd";
 /// The etcd versions the node has images of (`v3.6.16`, ...), in the order the etcd plugin
 /// declares them: the first is the one tests use unless they ask for another.
 pub fn etcd_versions(env: &TestEnv) -> Vec<String> {
-    env.images()
+    etcd_versions_in(env.images())
+}
+
+/// [`etcd_versions`] among `images` (those a caller loaded with `TestEnv::provide_images`).
+pub fn etcd_versions_in(images: &[MadeImage]) -> Vec<String> {
+    images
         .iter()
         .filter(|image| image.repository() == ETCD_REPOSITORY)
         .map(|image| image.tag().to_owned())
@@ -33,16 +38,24 @@ pub fn default_etcd_version(env: &TestEnv) -> anyhow::Result<String> {
 /// The directory holding `etcd`, `etcdctl` and `etcdutl` of the etcd image of `version`
 /// (`v3.6.16` or `3.6.16`), if the node has it.
 pub fn etcd_dir(env: &TestEnv, version: &str) -> Option<PathBuf> {
-    let image = env.image(&format!(
-        "{ETCD_REPOSITORY}:v{}",
-        version.trim_start_matches('v')
-    ))?;
+    etcd_dir_in(env.images(), version)
+}
+
+/// [`etcd_dir`] among `images`.
+pub fn etcd_dir_in(images: &[MadeImage], version: &str) -> Option<PathBuf> {
+    let name = format!("{ETCD_REPOSITORY}:v{}", version.trim_start_matches('v'));
+    let image = images.iter().find(|image| image.name() == name)?;
     image.program("etcdctl")?.parent().map(PathBuf::from)
 }
 
 /// The Redis image the node has (`redis:<version>`).
 pub fn redis_image(env: &TestEnv) -> anyhow::Result<&MadeImage> {
-    env.images()
+    redis_image_in(env.images())
+}
+
+/// [`redis_image`] among `images`.
+pub fn redis_image_in(images: &[MadeImage]) -> anyhow::Result<&MadeImage> {
+    images
         .iter()
         .find(|image| image.repository() == "redis")
         .ok_or_else(|| {

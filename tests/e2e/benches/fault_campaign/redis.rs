@@ -559,7 +559,7 @@ impl Campaign {
 
     /// The node's Redis image tag.
     pub(super) fn redis_version(&self) -> Result<String> {
-        Ok(policy_host_e2e::apps::redis_image(self.env)?
+        Ok(policy_host_e2e::apps::redis_image_in(&self.images)?
             .tag()
             .to_owned())
     }
