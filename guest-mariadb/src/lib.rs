@@ -288,8 +288,8 @@ pub fn statements(command: &Command, parent: &str, replication_password: &str) -
         ],
         Command::StartReplication { .. } => vec!["START SLAVE".into()],
         Command::StartApplying { .. } => vec!["START SLAVE SQL_THREAD".into()],
-        // Built at run time from the source's position.
-        Command::CatchUp { .. } => Vec::new(),
+        // Built at run time from the source's position, or the pod's own.
+        Command::CatchUp { .. } | Command::ApplyRetrieved { .. } => Vec::new(),
     }
 }
 
@@ -303,7 +303,8 @@ fn command_pod(command: &Command) -> &str {
         | Command::Replicate { pod, .. }
         | Command::StartReplication { pod }
         | Command::StartApplying { pod }
-        | Command::CatchUp { pod, .. } => pod,
+        | Command::CatchUp { pod, .. }
+        | Command::ApplyRetrieved { pod } => pod,
     }
 }
 
@@ -346,6 +347,31 @@ fn run(
                 "SwitchoverCatchUp",
                 format!(
                     "{pod} of {parent} did not reach {source}'s position {position} within {CATCH_UP_SECONDS} s; {source} stays read-only and the switchover is retried"
+                ),
+            ));
+        }
+        return Ok(());
+    }
+    if let Command::ApplyRetrieved { .. } = command {
+        let client = clients
+            .get_mut(pod)
+            .ok_or_else(|| not_connected(pod, parent))?;
+        let link = client.query(probe::REPLICA_STATUS_SQL).map_err(failed)?;
+        let retrieved = link.get(0, "Gtid_IO_Pos").unwrap_or_default().to_owned();
+        if retrieved.is_empty() {
+            return Ok(());
+        }
+        let waited = client
+            .query(&format!(
+                "SELECT MASTER_GTID_WAIT({}, {CATCH_UP_SECONDS}) AS waited",
+                quoted(&retrieved)
+            ))
+            .map_err(failed)?;
+        if waited.get(0, "waited") != Some("0") {
+            return Err(PolicyError::new(
+                "SwitchoverCatchUp",
+                format!(
+                    "{pod} of {parent} did not apply what it retrieved ({retrieved}) within {CATCH_UP_SECONDS} s; the switchover is retried"
                 ),
             ));
         }

@@ -97,6 +97,12 @@ pub struct Model {
     /// each time any server is probed, so a server probed later has seen more than one probed
     /// earlier, as on a real cluster under load.
     pub writes_between_probes: bool,
+    /// A client whose account has `READ ONLY ADMIN` (root, as the plugin's credentials give)
+    /// writing to this Pod's server before each statement the plugin sends to any server:
+    /// `read_only` does not stop it.
+    pub admin_writes_to: Option<String>,
+    /// The admin client's writes that were acknowledged.
+    pub admin_acknowledged: Vec<Transaction>,
 }
 
 /// The model as the plugin's app: clones share it.
@@ -151,11 +157,16 @@ impl FakeCluster {
     /// retrieved at once by every replica whose IO thread runs from it, and acknowledged when
     /// one did (or semi-sync is off).
     pub fn write(&self, pod: &str) -> Option<Transaction> {
+        self.write_as(pod, false)
+    }
+
+    /// [`FakeCluster::write`] by an account that `read_only` does not stop (`admin`) or does.
+    fn write_as(&self, pod: &str, admin: bool) -> Option<Transaction> {
         let mut model = self.0.borrow_mut();
         let server = model
             .servers
             .get_mut(pod)
-            .filter(|s| s.up && !s.read_only)?;
+            .filter(|s| s.up && (admin || !s.read_only))?;
         let next = server.executed.iter().map(|t| t.1).max().unwrap_or(0) + 1;
         let transaction = (server.server_id, next);
         server.executed.push(transaction);
@@ -243,6 +254,12 @@ impl FakeCluster {
     }
 
     fn answer(&self, pod: &str, sql: &str) -> Vec<u8> {
+        let admin_writes_to = self.0.borrow().admin_writes_to.clone();
+        if let Some(written) = admin_writes_to
+            && let Some(transaction) = self.write_as(&written, true)
+        {
+            self.0.borrow_mut().admin_acknowledged.push(transaction);
+        }
         if sql == VARIABLES_SQL && self.0.borrow().writes_between_probes {
             for writable in self.writable() {
                 self.write(&writable);
@@ -390,12 +407,16 @@ impl FakeCluster {
                     .and_then(|pos| pos.rsplit('-').next())
                     .and_then(|seq| seq.parse().ok())
                     .unwrap_or(0);
-                if let Some(link) = s.link.as_mut().filter(|l| l.io && l.sql)
+                if let Some(link) = s.link.as_mut().filter(|l| l.io)
                     && let Some(source) = binlogs.get(&link.source)
                     && source.starts_with(&s.executed)
                 {
                     link.retrieved = source.clone();
-                    s.executed = source.clone();
+                }
+                if let Some(link) = s.link.as_ref().filter(|l| l.sql)
+                    && link.retrieved.starts_with(&s.executed)
+                {
+                    s.executed = link.retrieved.clone();
                     s.slave_pos = s.executed.last().copied();
                 }
                 let reached = s.executed.iter().any(|t| t.1 >= wanted);
@@ -761,6 +782,35 @@ mod tests {
         }
         assert_eq!(run.promotions(), 2, "one switchover, one promotion");
         assert_eq!(run.status()["currentPrimary"], "db-1", "not switched back");
+    }
+
+    /// The only account the plugin's credentials give is root, whose `READ ONLY ADMIN` lets it
+    /// write through `read_only`: a client writing as root to the primary while a switchover
+    /// runs (a write before every statement the plugin sends) must not have a write
+    /// acknowledged that the new primary lacks.
+    #[test]
+    fn a_switchover_under_a_writer_that_read_only_does_not_stop_keeps_every_acknowledged_write() {
+        let mut run = converged(2);
+        run.cluster.0.borrow_mut().admin_writes_to = Some("db-0".into());
+        let mut parent: Value = serde_json::from_str(&run.observed.parent).expect("JSON");
+        parent["metadata"]["annotations"] = json!({ children::SWITCHOVER_ANNOTATION: "db-1" });
+        run.observed.parent = parent.to_string();
+        run.steps(4);
+        run.cluster.0.borrow_mut().admin_writes_to = None;
+        run.steps(3);
+        assert_eq!(run.status()["currentPrimary"], "db-1", "{}", run.status());
+        let acknowledged = run.cluster.0.borrow().admin_acknowledged.clone();
+        assert!(acknowledged.len() > 3, "the writer wrote: {acknowledged:?}");
+        let executed = run.cluster.executed("db-1");
+        let lost: Vec<_> = acknowledged
+            .iter()
+            .filter(|t| !executed.contains(t))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "acknowledged writes the new primary db-1 lacks: {lost:?} (it has {executed:?})"
+        );
+        assert_eq!(run.cluster.writable(), ["db-1"]);
     }
 
     #[test]

@@ -177,6 +177,12 @@ pub enum Command {
         /// The source's Pod name.
         source: String,
     },
+    /// Reads the pod's own `Gtid_IO_Pos` and waits (`MASTER_GTID_WAIT`, a few seconds) until
+    /// its SQL thread applied everything its IO thread retrieved; fails the decision if not.
+    ApplyRetrieved {
+        /// Pod name.
+        pod: String,
+    },
 }
 
 /// What to do: commands first (a failed one fails the decision before any action, so the
@@ -866,7 +872,7 @@ fn rolling_update(
             Some(primary.to_owned()),
         ));
     };
-    switch_to(primary, &target.name, commands);
+    switch_to(facts, primary, &target.name, commands);
     events.push(Action::RecordEvent(Event::normal(
         "Switchover",
         format!(
@@ -885,17 +891,44 @@ fn rolling_update(
     })
 }
 
-/// The commands of a switchover: the primary stops taking writes, the target applies
-/// everything the primary wrote, then takes writes with semi-sync on.
-fn switch_to(primary: &str, target: &str, commands: &mut Vec<Command>) {
+/// The commands of a switchover. `read_only` does not stop an account with `READ ONLY ADMIN`
+/// (root, the account the credentials give), so the primary may take writes until the end:
+/// what makes the handover safe is who can acknowledge them. Every other replica of the
+/// primary is fenced first (its IO thread stopped), so from then on only the target
+/// acknowledges; the target catches up with the primary's binlog, is fenced in turn, and
+/// applies everything it retrieved — every write any replica acknowledged — before it is
+/// promoted. A write the primary takes after that is never acknowledged (semi-sync does not
+/// fall back); the old primary then holds it and is quarantined as errant when it returns.
+fn switch_to(facts: &Facts, primary: &str, target: &str, commands: &mut Vec<Command>) {
+    commands.push(Command::SetReadOnly {
+        pod: primary.to_owned(),
+        read_only: true,
+    });
+    let host = children::host_of(&facts.name, primary);
+    commands.extend(
+        facts
+            .servers
+            .iter()
+            .filter(|s| s.name != primary && s.name != target)
+            .filter(|s| {
+                s.answer()
+                    .and_then(|p| p.link.as_ref())
+                    .is_some_and(|l| l.io_running && l.source_host == host)
+            })
+            .map(|s| Command::StopIo {
+                pod: s.name.clone(),
+            }),
+    );
     commands.extend([
-        Command::SetReadOnly {
-            pod: primary.to_owned(),
-            read_only: true,
-        },
         Command::CatchUp {
             pod: target.to_owned(),
             source: primary.to_owned(),
+        },
+        Command::StopIo {
+            pod: target.to_owned(),
+        },
+        Command::ApplyRetrieved {
+            pod: target.to_owned(),
         },
         Command::Promote {
             pod: target.to_owned(),
@@ -945,7 +978,7 @@ fn switchover(
             ..Verdict::steady(Some(primary.to_owned()))
         });
     }
-    switch_to(primary, target, commands);
+    switch_to(facts, primary, target, commands);
     events.push(Action::RecordEvent(Event::normal(
         "Switchover",
         format!(
@@ -1892,18 +1925,7 @@ mod tests {
                     "db-1",
                     None,
                 ),
-                commands: vec![
-                    Command::SetReadOnly {
-                        pod: name(0),
-                        read_only: true,
-                    },
-                    Command::CatchUp {
-                        pod: name(1),
-                        source: name(0),
-                    },
-                    promote(1),
-                    semi_sync(1, true),
-                ],
+                commands: switch(0, 1, &[2]),
                 primary: Some("db-1"),
                 deleted: &[],
                 degraded: "",
@@ -2011,18 +2033,24 @@ mod tests {
         s
     }
 
-    fn catch_up(o: u32, of: u32) -> Command {
-        Command::CatchUp {
-            pod: name(o),
-            source: name(of),
-        }
-    }
-
-    fn read_only(o: u32) -> Command {
-        Command::SetReadOnly {
-            pod: name(o),
+    /// A switchover from `from` to `to`, fencing the other replicas `others` first.
+    fn switch(from: u32, to: u32, others: &[u32]) -> Vec<Command> {
+        let mut commands = vec![Command::SetReadOnly {
+            pod: name(from),
             read_only: true,
-        }
+        }];
+        commands.extend(others.iter().map(|o| stop_io(*o)));
+        commands.extend([
+            Command::CatchUp {
+                pod: name(to),
+                source: name(from),
+            },
+            stop_io(to),
+            Command::ApplyRetrieved { pod: name(to) },
+            promote(to),
+            semi_sync(to, true),
+        ]);
+        commands
     }
 
     #[test]
@@ -2113,7 +2141,7 @@ mod tests {
                         updated(replica(2, 0, pos)),
                     ],
                 )),
-                commands: vec![read_only(0), catch_up(1, 0), promote(1), semi_sync(1, true)],
+                commands: switch(0, 1, &[2]),
                 primary: Some("db-1"),
                 deleted: &[],
                 degraded: "",

@@ -59,8 +59,8 @@ use policy_host_e2e::campaign::{
 };
 use policy_host_e2e::etcd::{etcd_clusters, eventually, pod_endpoint, pod_ready, run_etcdctl};
 use policy_host_e2e::install::{load_host_image, run_readme_install};
-use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
 use policy_host_testenv::images::MadeImage;
+use policy_host_testenv::network::{PodNetworkCut, cut_pod_network};
 use policy_host_testenv::{TestEnv, shared_node};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;

@@ -815,11 +815,17 @@ impl Campaign {
         }
         notes.push(format!("{} failovers", failovers.len()));
         for (pod, from, to) in &cut_windows {
+            // Killed while cut, or killed before the cut with its failover still to come (seed
+            // 39: the primary killed through containerd at +19.8 s and cut, restarting, at
+            // +21.8 s; the failover the kill caused came during the cut).
             let killed = done.iter().any(|d| {
                 matches!(d.fault, Fault::KillPrimary { .. })
                     && &d.target == pod
-                    && d.at_ms >= *from
                     && d.at_ms <= *to
+                    && (d.at_ms >= *from
+                        || !failovers
+                            .iter()
+                            .any(|(at, lost, _)| lost == pod && *at >= d.at_ms && at < from))
             });
             let replaced: Vec<&(i64, String, String)> = failovers
                 .iter()

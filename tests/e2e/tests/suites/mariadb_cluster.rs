@@ -218,19 +218,12 @@ async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::R
 /// One write, `INSERT` of `key` on its own connection, acknowledged only when the client
 /// exits 0 within [`WRITE_DEADLINE`] (a commit waiting for a replica that never answers is
 /// not acknowledged; its client is killed).
-fn write(image: &MadeImage, ip: &str, password: &str, key: u64) -> bool {
+fn write(image: &MadeImage, ip: &str, user: &str, password: &str, key: u64) -> bool {
     let Ok(mut command) = image.command("mariadb") else {
         return false;
     };
     let child = command
-        .args([
-            "--no-defaults",
-            "--connect-timeout=2",
-            "-h",
-            ip,
-            "-u",
-            "root",
-        ])
+        .args(["--no-defaults", "--connect-timeout=2", "-h", ip, "-u", user])
         .arg(format!("-p{password}"))
         .args(["-e", &format!("INSERT INTO e2e.w VALUES ({key})")])
         .stdout(Stdio::null())
@@ -298,7 +291,7 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
                 let mut key = 0;
                 while !stop.load(Ordering::Relaxed) {
                     key += 1;
-                    if write(&image, &ip, &password, key) {
+                    if write(&image, &ip, "root", &password, key) {
                         acknowledged.push(key);
                     }
                 }
@@ -437,6 +430,217 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             }
         }
         anyhow::ensure!(writable == [new.clone()], "writable servers: {writable:?}");
+        Ok(())
+    }
+    .await;
+    if outcome.is_err() {
+        cluster.print_logs().await;
+    }
+    cluster.host.stop().await;
+    outcome
+}
+
+/// The application account the switchover test writes with.
+const APP_USER: &str = "app";
+/// Its password (a test's own).
+const APP_PASSWORD: &str = "app-password";
+
+/// What a client writing through a switchover saw: the keys acknowledged, and the longest
+/// stretch in which no write was acknowledged anywhere.
+struct WritesThroughSwitchover {
+    acknowledged: Vec<u64>,
+    longest_refusal: Duration,
+}
+
+/// A switchover asked for by the annotation while a client writes: the client writes to the
+/// old primary until it refuses, then to whichever of the two takes the write (as a client
+/// behind the `-primary` Service would). The target is promoted, every acknowledged write is
+/// on it, the old primary follows it read-only and holds the same rows, one server takes
+/// writes, and the status records the request. Prints the longest stretch without an
+/// acknowledged write (a figure for BENCHMARKS.md, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    init_logging();
+    let cluster = ExampleCluster::start("mariadb-switchover").await?;
+    let outcome = async {
+        let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
+        // The application's own account, as README advises: without `READ ONLY ADMIN`, so
+        // `read_only` refuses its writes.
+        cluster.query(
+            &old_ip,
+            &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
+        )?;
+        eventually("both replicas replicating", CREATED, || async {
+            let status = cluster
+                .clusters
+                .get(&cluster.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .data["status"]
+                .clone();
+            (status["readyReplicas"] == 2)
+                .then_some(())
+                .ok_or_else(|| format!("status {status}"))
+        })
+        .await?;
+        let target = (0..3)
+            .map(|ordinal| format!("{}-{ordinal}", cluster.name))
+            .find(|pod| *pod != old)
+            .ok_or_else(|| anyhow::anyhow!("no replica to switch over to"))?;
+        let (_, target_ip) = cluster.ready_ip(&target).await.map_err(anyhow::Error::msg)?;
+        let target_ip =
+            target_ip.ok_or_else(|| anyhow::anyhow!("the target {target} has no IP"))?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = std::thread::spawn({
+            let image = cluster.image.clone();
+            let (old_ip, target_ip) = (old_ip.clone(), target_ip.clone());
+            let stop = stop.clone();
+            move || {
+                let mut acknowledged = Vec::new();
+                let mut longest_refusal = Duration::ZERO;
+                let mut last_acknowledged = Instant::now();
+                // The server that took the last write is asked first.
+                let mut servers = [old_ip, target_ip];
+                let mut key = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    key += 1;
+                    let taken = if write(&image, &servers[0], APP_USER, APP_PASSWORD, key) {
+                        true
+                    } else if write(&image, &servers[1], APP_USER, APP_PASSWORD, key) {
+                        servers.swap(0, 1);
+                        true
+                    } else {
+                        false
+                    };
+                    if taken {
+                        acknowledged.push(key);
+                        longest_refusal = longest_refusal.max(last_acknowledged.elapsed());
+                        last_acknowledged = Instant::now();
+                    }
+                }
+                WritesThroughSwitchover {
+                    acknowledged,
+                    longest_refusal,
+                }
+            }
+        });
+        eventually("the first writes acknowledged", Duration::from_secs(30), || async {
+            let count = cluster
+                .query(&old_ip, "SELECT COUNT(*) FROM e2e.w")
+                .map_err(|e| e.to_string())?;
+            (count.trim().parse::<u64>().unwrap_or(0) >= 20)
+                .then_some(())
+                .ok_or_else(|| format!("{} rows", count.trim()))
+        })
+        .await?;
+        let asked = Instant::now();
+        cluster
+            .clusters
+            .patch(
+                &cluster.name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    "mariadb.policy-host.io/switchover-to": target,
+                }}})),
+            )
+            .await?;
+        let promoted = cluster
+            .primary(FAILED_OVER, |primary| primary == target)
+            .await;
+        let switched = asked.elapsed();
+        // Writes go on a little on the new primary before the client stops.
+        let more = eventually("writes acknowledged by the new primary", FAILED_OVER, || async {
+            let count = cluster
+                .query(&target_ip, "SELECT COUNT(*) FROM e2e.w WHERE k > 0")
+                .map_err(|e| e.to_string())?;
+            let read_only = cluster
+                .query(&target_ip, "SELECT @@global.read_only")
+                .map_err(|e| e.to_string())?;
+            (read_only.trim() == "0")
+                .then(|| count.trim().to_owned())
+                .ok_or_else(|| format!("read_only {}", read_only.trim()))
+        })
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        let writes = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+        promoted?;
+        more?;
+        eprintln!(
+            "mariadb switchover: {old} -> {target} in {:.1} s from the annotation; longest stretch without an acknowledged write {:.2} s; {} writes acknowledged",
+            switched.as_secs_f64(),
+            writes.longest_refusal.as_secs_f64(),
+            writes.acknowledged.len()
+        );
+
+        let keys: std::collections::BTreeSet<u64> = cluster
+            .query(&target_ip, "SELECT k FROM e2e.w")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let lost: Vec<u64> = writes
+            .acknowledged
+            .iter()
+            .copied()
+            .filter(|k| !keys.contains(k))
+            .collect();
+        anyhow::ensure!(
+            lost.is_empty(),
+            "{} acknowledged writes are not on the new primary {target}: {lost:?}",
+            lost.len()
+        );
+
+        // The old primary follows the new one, read-only, and holds what it holds.
+        let rejoined = eventually(
+            &format!("{old} a replica of {target} with every row"),
+            FAILED_OVER,
+            || async {
+                let answer = cluster
+                    .query(
+                        &old_ip,
+                        "SELECT @@global.read_only, (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Slave_SQL')",
+                    )
+                    .map_err(|e| e.to_string())?;
+                let rows: std::collections::BTreeSet<u64> = cluster
+                    .query(&old_ip, "SELECT k FROM e2e.w")
+                    .map_err(|e| e.to_string())?
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect();
+                (answer.trim() == "1\t1" && rows == keys)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "read_only and replication threads {:?}; {} rows of {}",
+                            answer.trim(),
+                            rows.len(),
+                            keys.len()
+                        )
+                    })
+            },
+        )
+        .await;
+        rejoined?;
+        let status = cluster.clusters.get(&cluster.name).await?.data["status"].clone();
+        anyhow::ensure!(
+            status["lastSwitchover"] == target.as_str()
+                || status["lastSwitchover"]
+                    .as_str()
+                    .is_some_and(|s| s.split('@').next() == Some(target.as_str())),
+            "the status records the switchover: {status}"
+        );
+        let mut writable = Vec::new();
+        for ordinal in 0..3 {
+            let pod = format!("{}-{ordinal}", cluster.name);
+            if let Ok((_, Some(ip))) = cluster.ready_ip(&pod).await
+                && cluster.query(&ip, "SELECT @@global.read_only")?.trim() == "0"
+            {
+                writable.push(pod);
+            }
+        }
+        anyhow::ensure!(writable == [target.clone()], "writable servers: {writable:?}");
         Ok(())
     }
     .await;
