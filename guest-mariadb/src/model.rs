@@ -118,9 +118,11 @@ impl FakeCluster {
             .entry(pod.to_owned())
             .or_insert_with(|| Server::fresh(server_id));
         if !server.up {
-            // A restart: the configuration's read_only and skip_slave_start.
+            // A restart: the configuration's read_only and skip_slave_start, and semi-sync
+            // off on the source side (the plugin turns it on at run time).
             server.up = true;
             server.read_only = true;
+            server.semi_sync = false;
             if let Some(link) = &mut server.link {
                 link.io = false;
                 link.sql = false;
@@ -193,8 +195,12 @@ impl FakeCluster {
             .iter()
             .map(|(n, s)| (n.clone(), s.up.then(|| s.executed.clone())))
             .collect();
-        for server in model.servers.values_mut().filter(|s| s.up) {
+        // A server with semi-sync on waits, at each commit, for a replica's acknowledgement —
+        // its applier's commits too (`log_slave_updates`): without a replica it applies nothing.
+        let acknowledged = sources_acknowledged(&model.servers);
+        for (name, server) in model.servers.iter_mut().filter(|(_, s)| s.up) {
             let executed = server.executed.clone();
+            let blocked = server.semi_sync && !acknowledged.contains(name);
             let Some(link) = server.link.as_mut() else {
                 continue;
             };
@@ -204,7 +210,7 @@ impl FakeCluster {
             {
                 link.retrieved = source.clone();
             }
-            if link.sql && link.retrieved.starts_with(&executed) {
+            if link.sql && !blocked && link.retrieved.starts_with(&executed) {
                 let applied = link.retrieved.clone();
                 server.slave_pos = applied.last().copied().or(server.slave_pos);
                 server.executed = applied;
@@ -414,6 +420,7 @@ impl FakeCluster {
                     link.retrieved = source.clone();
                 }
                 if let Some(link) = s.link.as_ref().filter(|l| l.sql)
+                    && !(s.semi_sync && !semi_sync_replicas.contains_key(pod))
                     && link.retrieved.starts_with(&s.executed)
                 {
                     s.executed = link.retrieved.clone();
@@ -430,6 +437,16 @@ impl FakeCluster {
         }
         reply
     }
+}
+
+/// The servers that have a running replica whose IO thread retrieves from them.
+fn sources_acknowledged(servers: &BTreeMap<String, Server>) -> std::collections::BTreeSet<String> {
+    servers
+        .values()
+        .filter(|r| r.up)
+        .filter_map(|r| r.link.as_ref().filter(|l| l.io))
+        .map(|l| l.source.clone())
+        .collect()
 }
 
 /// One session with a model server: bytes in, packets parsed, answers queued.

@@ -1176,6 +1176,15 @@ fn steady(
             }
             continue;
         }
+        // A server that was a primary until a switchover still waits, at each commit, for a
+        // replica's acknowledgement, and with `log_slave_updates` its applier commits too:
+        // left on, its SQL thread hangs on the first transaction it applies.
+        if rp.semi_sync_primary {
+            commands.push(Command::SemiSync {
+                pod: r.name.clone(),
+                on: false,
+            });
+        }
         // No replica is writable here: another writable server was adopted or refused as a
         // split brain before.
         match &rp.link {
