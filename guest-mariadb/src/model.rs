@@ -420,7 +420,7 @@ impl FakeCluster {
                     link.retrieved = source.clone();
                 }
                 if let Some(link) = s.link.as_ref().filter(|l| l.sql)
-                    && !(s.semi_sync && !semi_sync_replicas.contains_key(pod))
+                    && (!s.semi_sync || semi_sync_replicas.contains_key(pod))
                     && link.retrieved.starts_with(&s.executed)
                 {
                     s.executed = link.retrieved.clone();
