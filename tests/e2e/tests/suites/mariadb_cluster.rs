@@ -17,6 +17,7 @@ use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
 use policy_host_testenv::images::MadeImage;
+use policy_host_testenv::network::cut_pod_network;
 use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -160,6 +161,35 @@ impl ExampleCluster {
         .await
     }
 
+    /// Waits until the status counts `want` replicas replicating from the primary.
+    async fn replicating(&self, want: i64) -> anyhow::Result<()> {
+        eventually(&format!("{want} replicas replicating"), CREATED, || async {
+            let status = self
+                .clusters
+                .get(&self.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .data["status"]
+                .clone();
+            (status["readyReplicas"] == want)
+                .then_some(())
+                .ok_or_else(|| format!("status {status}"))
+        })
+        .await
+    }
+
+    /// Sets `spec.replicas`.
+    async fn scale(&self, replicas: i64) -> anyhow::Result<()> {
+        self.clusters
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "replicas": replicas } })),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Whether Pod `name` is Ready, and its IP.
     async fn ready_ip(&self, name: &str) -> Result<(bool, Option<String>), String> {
         let pod = self.pods.get(name).await.map_err(|e| e.to_string())?;
@@ -248,6 +278,18 @@ fn write(image: &MadeImage, ip: &str, user: &str, password: &str, key: u64) -> b
     }
 }
 
+/// How a test takes the primary away.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PrimaryFault {
+    /// Its Pod deleted with grace 0: the server dies, the Pod comes back on its claim.
+    DeletePod,
+    /// Its container SIGKILLed through containerd: a crash, restarted in place.
+    KillContainer,
+    /// Its network cut (the Pod's `eth0` down) while it runs, healed once another primary
+    /// takes writes.
+    CutNetwork,
+}
+
 /// The primary's Pod deleted with no grace while a client writes to it: the plugin fences the
 /// replicas, promotes the one holding every acknowledged write, and the old primary's Pod,
 /// created again on its claim, rejoins as a replica. Every write the client saw acknowledged is
@@ -255,8 +297,31 @@ fn write(image: &MadeImage, ip: &str, user: &str, password: &str, key: u64) -> b
 /// took from the delete to a writable new primary (a figure for BENCHMARKS.md, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()> {
+    primary_lost_under_a_writer("mariadb-failover", PrimaryFault::DeletePod).await
+}
+
+/// The primary's server crashes (SIGKILL through containerd) under a writer and restarts in
+/// place, read-only as every server starts: whichever server the plugin then makes the primary
+/// — the same one, most advanced, or a promoted replica — holds every acknowledged write, and
+/// exactly one server takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
+    primary_lost_under_a_writer("mariadb-crash", PrimaryFault::KillContainer).await
+}
+
+/// The primary cut off the network while it runs and a client writes: its writes wait for a
+/// replica's acknowledgement that cannot come (semi-sync never falls back), a replica is
+/// promoted, and when the network heals the old primary — still running, still configured
+/// writable — is made read-only and rejoins or is quarantined; one server takes writes and
+/// every acknowledged write is on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()> {
+    primary_lost_under_a_writer("mariadb-cut", PrimaryFault::CutNetwork).await
+}
+
+async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyhow::Result<()> {
     init_logging();
-    let cluster = ExampleCluster::start("mariadb-failover").await?;
+    let cluster = ExampleCluster::start(prefix).await?;
     let outcome = async {
         let (old, ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.query(
@@ -264,18 +329,7 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             "CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY)",
         )?;
         // Both replicas replicating, so a write is acknowledged by one of them (semi-sync).
-        eventually("both replicas replicating", CREATED, || async {
-            let cluster_object = cluster
-                .clusters
-                .get(&cluster.name)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = &cluster_object.data["status"];
-            (status["readyReplicas"] == 2)
-                .then_some(())
-                .ok_or_else(|| format!("status {status}"))
-        })
-        .await?;
+        cluster.replicating(2).await?;
 
         // The client writes key after key to the primary until the primary is gone.
         let stop = Arc::new(AtomicBool::new(false));
@@ -309,12 +363,39 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
         })
         .await?;
         let killed = Instant::now();
-        cluster
-            .pods
-            .delete(&old, &DeleteParams::default().grace_period(0))
-            .await?;
+        let mut cut = None;
+        match fault {
+            PrimaryFault::DeletePod => {
+                cluster
+                    .pods
+                    .delete(&old, &DeleteParams::default().grace_period(0))
+                    .await?;
+            }
+            PrimaryFault::KillContainer => {
+                let restarts = |pod: Pod| {
+                    pod.status
+                        .and_then(|s| s.container_statuses)
+                        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum::<i32>())
+                };
+                let before = restarts(cluster.pods.get(&old).await?);
+                cluster.env.kill_pod(&cluster.namespace, &old).await?;
+                // Until the kubelet saw the crash, the old primary still looks like one.
+                eventually("the crashed server restarted", FAILED_OVER, || async {
+                    let now = restarts(cluster.pods.get(&old).await.map_err(|e| e.to_string())?);
+                    (now > before)
+                        .then_some(())
+                        .ok_or_else(|| format!("{now} restarts"))
+                })
+                .await?;
+            }
+            PrimaryFault::CutNetwork => cut = Some(cut_pod_network(&ip)?),
+        }
+        // A crashed server restarts in place and may stay the primary (it can be the most
+        // advanced); a deleted or cut-off one is replaced.
         let (new, new_ip) = cluster
-            .primary(FAILED_OVER, |primary| primary != old)
+            .primary(FAILED_OVER, |primary| {
+                fault == PrimaryFault::KillContainer || primary != old
+            })
             .await?;
         let writable = eventually("the new primary writable", FAILED_OVER, || async {
             cluster
@@ -333,8 +414,11 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             .join()
             .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
         writable?;
+        if let Some(cut) = cut.take() {
+            cut.heal()?;
+        }
         eprintln!(
-            "mariadb failover: {old} deleted (grace 0) -> {new} primary and writable in {:.1} s; {} writes acknowledged before",
+            "mariadb failover ({fault:?}): {old} lost -> {new} primary and writable in {:.1} s; {} writes acknowledged before",
             failover.as_secs_f64(),
             acknowledged.len()
         );
@@ -356,6 +440,10 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             lost.len()
         );
 
+        if new == old {
+            eprintln!("mariadb failover ({fault:?}): {old} restarted and stayed the primary");
+            return one_writable(&cluster, &new).await;
+        }
         // The old primary's Pod is back on its claim, read-only: a replica of the new primary
         // when it holds nothing the new one lacks, or else quarantined as errant (listed in
         // status, its role label `errant`, not replicating); its extra rows are unacknowledged
@@ -418,19 +506,8 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
             },
         )
         .await?;
-        eprintln!("mariadb failover: the old primary {old} came back {outcome}");
-        // One server takes writes.
-        let mut writable = Vec::new();
-        for ordinal in 0..3 {
-            let pod = format!("{}-{ordinal}", cluster.name);
-            if let Ok((_, Some(ip))) = cluster.ready_ip(&pod).await
-                && cluster.query(&ip, "SELECT @@global.read_only")?.trim() == "0"
-            {
-                writable.push(pod);
-            }
-        }
-        anyhow::ensure!(writable == [new.clone()], "writable servers: {writable:?}");
-        Ok(())
+        eprintln!("mariadb failover ({fault:?}): the old primary {old} came back {outcome}");
+        one_writable(&cluster, &new).await
     }
     .await;
     if outcome.is_err() {
@@ -438,6 +515,21 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
     }
     cluster.host.stop().await;
     outcome
+}
+
+/// Exactly one server, `primary`, takes writes.
+async fn one_writable(cluster: &ExampleCluster, primary: &str) -> anyhow::Result<()> {
+    let mut writable = Vec::new();
+    for ordinal in 0..3 {
+        let pod = format!("{}-{ordinal}", cluster.name);
+        if let Ok((_, Some(ip))) = cluster.ready_ip(&pod).await
+            && cluster.query(&ip, "SELECT @@global.read_only")?.trim() == "0"
+        {
+            writable.push(pod);
+        }
+    }
+    anyhow::ensure!(writable == [primary], "writable servers: {writable:?}");
+    Ok(())
 }
 
 /// The application account the switchover test writes with.
@@ -470,19 +562,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
             &old_ip,
             &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
         )?;
-        eventually("both replicas replicating", CREATED, || async {
-            let status = cluster
-                .clusters
-                .get(&cluster.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .data["status"]
-                .clone();
-            (status["readyReplicas"] == 2)
-                .then_some(())
-                .ok_or_else(|| format!("status {status}"))
-        })
-        .await?;
+        cluster.replicating(2).await?;
         let target = (0..3)
             .map(|ordinal| format!("{}-{ordinal}", cluster.name))
             .find(|pod| *pod != old)
@@ -631,16 +711,105 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
                     .is_some_and(|s| s.split('@').next() == Some(target.as_str())),
             "the status records the switchover: {status}"
         );
-        let mut writable = Vec::new();
-        for ordinal in 0..3 {
-            let pod = format!("{}-{ordinal}", cluster.name);
-            if let Ok((_, Some(ip))) = cluster.ready_ip(&pod).await
-                && cluster.query(&ip, "SELECT @@global.read_only")?.trim() == "0"
-            {
-                writable.push(pod);
-            }
-        }
-        anyhow::ensure!(writable == [target.clone()], "writable servers: {writable:?}");
+        one_writable(&cluster, &target).await
+    }
+    .await;
+    if outcome.is_err() {
+        cluster.print_logs().await;
+    }
+    cluster.host.stop().await;
+    outcome
+}
+
+/// `spec.replicas` 2 → 3 → 1 with rows written before each change: the new replica replicates
+/// from the primary's binlog and holds every row; the scale-down deletes the highest ordinals'
+/// Pods (never the primary's) and keeps their claims; the primary takes writes throughout.
+/// Prints how long the new replica took to hold every row (a figure, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_scale_up_with_every_row_and_down_from_the_highest_ordinal() -> anyhow::Result<()>
+{
+    init_logging();
+    let cluster = ExampleCluster::start("mariadb-scale").await?;
+    let outcome = async {
+        let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
+        cluster.query(
+            &ip,
+            "CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.s (k INT PRIMARY KEY); INSERT INTO e2e.s VALUES (1), (2), (3)",
+        )?;
+        cluster.replicating(2).await?;
+
+        let asked = Instant::now();
+        cluster.scale(3).await?;
+        let newest = format!("{}-3", cluster.name);
+        eventually(
+            &format!("{newest} replicating with every row"),
+            CREATED,
+            || async {
+                let (ready, ip) = cluster.ready_ip(&newest).await?;
+                let ip = ip.filter(|_| ready).ok_or("not Ready yet")?;
+                let answer = cluster
+                    .query(&ip, "SELECT @@global.read_only, COUNT(*) FROM e2e.s")
+                    .map_err(|e| e.to_string())?;
+                (answer.trim() == "1\t3")
+                    .then_some(())
+                    .ok_or_else(|| format!("read_only, rows: {:?}", answer.trim()))
+            },
+        )
+        .await?;
+        eprintln!(
+            "mariadb scale-up: {newest} Ready, read-only, with every row {:.1} s after spec.replicas 2 -> 3",
+            asked.elapsed().as_secs_f64()
+        );
+        cluster.replicating(3).await?;
+        cluster.query(&ip, "INSERT INTO e2e.s VALUES (4)")?;
+
+        cluster.scale(1).await?;
+        cluster.replicating(1).await?;
+        // The primary is kept wherever it is, and the lowest other ordinals.
+        let kept: Vec<String> = std::iter::once(primary.clone())
+            .chain(
+                (0..4)
+                    .map(|o| format!("{}-{o}", cluster.name))
+                    .filter(|pod| *pod != primary)
+                    .take(1),
+            )
+            .collect();
+        eventually("only the kept servers' Pods", CREATED, || async {
+            let mut pods: Vec<String> = cluster
+                .pods
+                .list(&kube::api::ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name)
+                .filter(|n| n.starts_with(&format!("{}-", cluster.name)))
+                .collect();
+            pods.sort();
+            let mut want = kept.clone();
+            want.sort();
+            (pods == want)
+                .then_some(())
+                .ok_or_else(|| format!("Pods {pods:?}, want {want:?}"))
+        })
+        .await?;
+        let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(cluster.pods.clone().into_client(), &cluster.namespace);
+        let claim_count = claims
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .len();
+        anyhow::ensure!(
+            claim_count == 4,
+            "the removed servers' claims are kept: {claim_count} claims"
+        );
+        let answer = cluster.query(&ip, "INSERT INTO e2e.s VALUES (5); SELECT @@global.read_only, COUNT(*) FROM e2e.s")?;
+        anyhow::ensure!(
+            answer.trim() == "0\t5",
+            "the primary {primary} takes writes after both changes: {answer}"
+        );
         Ok(())
     }
     .await;
