@@ -324,19 +324,41 @@ fn run(
     let password = credentials
         .and_then(|c| c.replication_password.as_str())
         .unwrap_or_default();
-    if let Command::CatchUp { source, .. } = command {
-        let position = clients
-            .get_mut(source.as_str())
-            .ok_or_else(|| not_connected(source, parent))?
-            .query("SELECT @@global.gtid_binlog_pos AS pos")
-            .map_err(failed)?
-            .get(0, "pos")
-            .unwrap_or_default()
-            .to_owned();
-        let client = clients
+    // The position to wait for, and what a miss means.
+    let wait = match command {
+        Command::CatchUp { source, .. } => Some((
+            clients
+                .get_mut(source.as_str())
+                .ok_or_else(|| not_connected(source, parent))?
+                .query("SELECT @@global.gtid_binlog_pos AS pos")
+                .map_err(failed)?
+                .get(0, "pos")
+                .unwrap_or_default()
+                .to_owned(),
+            format!("{source}'s position"),
+            format!("{source} stays read-only and the switchover is retried"),
+        )),
+        Command::ApplyRetrieved { .. } => Some((
+            clients
+                .get_mut(pod)
+                .ok_or_else(|| not_connected(pod, parent))?
+                .query(probe::REPLICA_STATUS_SQL)
+                .map_err(failed)?
+                .get(0, "Gtid_IO_Pos")
+                .unwrap_or_default()
+                .to_owned(),
+            "what it retrieved".to_owned(),
+            "the switchover is retried".to_owned(),
+        )),
+        _ => None,
+    };
+    if let Some((position, what, then)) = wait {
+        if position.is_empty() {
+            return Ok(());
+        }
+        let waited = clients
             .get_mut(pod)
-            .ok_or_else(|| not_connected(pod, parent))?;
-        let waited = client
+            .ok_or_else(|| not_connected(pod, parent))?
             .query(&format!(
                 "SELECT MASTER_GTID_WAIT({}, {CATCH_UP_SECONDS}) AS waited",
                 quoted(&position)
@@ -346,32 +368,7 @@ fn run(
             return Err(PolicyError::new(
                 "SwitchoverCatchUp",
                 format!(
-                    "{pod} of {parent} did not reach {source}'s position {position} within {CATCH_UP_SECONDS} s; {source} stays read-only and the switchover is retried"
-                ),
-            ));
-        }
-        return Ok(());
-    }
-    if let Command::ApplyRetrieved { .. } = command {
-        let client = clients
-            .get_mut(pod)
-            .ok_or_else(|| not_connected(pod, parent))?;
-        let link = client.query(probe::REPLICA_STATUS_SQL).map_err(failed)?;
-        let retrieved = link.get(0, "Gtid_IO_Pos").unwrap_or_default().to_owned();
-        if retrieved.is_empty() {
-            return Ok(());
-        }
-        let waited = client
-            .query(&format!(
-                "SELECT MASTER_GTID_WAIT({}, {CATCH_UP_SECONDS}) AS waited",
-                quoted(&retrieved)
-            ))
-            .map_err(failed)?;
-        if waited.get(0, "waited") != Some("0") {
-            return Err(PolicyError::new(
-                "SwitchoverCatchUp",
-                format!(
-                    "{pod} of {parent} did not apply what it retrieved ({retrieved}) within {CATCH_UP_SECONDS} s; the switchover is retried"
+                    "{pod} of {parent} did not reach {what} {position} within {CATCH_UP_SECONDS} s; {then}"
                 ),
             ));
         }

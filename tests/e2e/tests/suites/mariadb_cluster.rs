@@ -5,6 +5,7 @@
 //! MariaDB 10.11). The test process asks the servers itself, with the image's own client, over
 //! the Pod network.
 
+use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,6 +160,55 @@ impl ExampleCluster {
             }
         })
         .await
+    }
+
+    /// The keys of `e2e.w` on the server at `ip`.
+    fn keys(&self, ip: &str) -> Result<BTreeSet<u64>, String> {
+        Ok(self
+            .query(ip, "SELECT k FROM e2e.w")
+            .map_err(|e| e.to_string())?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
+    }
+
+    /// Waits until the server at `ip` holds 20 rows of `e2e.w`: the writer is under way.
+    async fn first_writes(&self, ip: &str) -> anyhow::Result<()> {
+        eventually(
+            "the first writes acknowledged",
+            Duration::from_secs(30),
+            || async {
+                let count = self
+                    .query(ip, "SELECT COUNT(*) FROM e2e.w")
+                    .map_err(|e| e.to_string())?;
+                (count.trim().parse::<u64>().unwrap_or(0) >= 20)
+                    .then_some(())
+                    .ok_or_else(|| format!("{} rows", count.trim()))
+            },
+        )
+        .await
+    }
+
+    /// The keys of `e2e.w` on `primary` (at `ip`), after checking it holds every one in
+    /// `acknowledged`.
+    fn holds_every_acknowledged(
+        &self,
+        primary: &str,
+        ip: &str,
+        acknowledged: &[u64],
+    ) -> anyhow::Result<BTreeSet<u64>> {
+        let keys = self.keys(ip).map_err(anyhow::Error::msg)?;
+        let lost: Vec<u64> = acknowledged
+            .iter()
+            .copied()
+            .filter(|k| !keys.contains(k))
+            .collect();
+        anyhow::ensure!(
+            lost.is_empty(),
+            "{} acknowledged writes are not on the new primary {primary}: {lost:?}",
+            lost.len()
+        );
+        Ok(keys)
     }
 
     /// Waits until the status counts `want` replicas replicating from the primary.
@@ -353,15 +403,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
             }
         });
         // Some writes first, then the kill.
-        eventually("the first writes acknowledged", Duration::from_secs(30), || async {
-            let count = cluster
-                .query(&ip, "SELECT COUNT(*) FROM e2e.w")
-                .map_err(|e| e.to_string())?;
-            (count.trim().parse::<u64>().unwrap_or(0) >= 20)
-                .then_some(())
-                .ok_or_else(|| format!("{} rows", count.trim()))
-        })
-        .await?;
+        cluster.first_writes(&ip).await?;
         let killed = Instant::now();
         let mut cut = None;
         match fault {
@@ -424,21 +466,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
         );
 
         // Every acknowledged write is on the new primary.
-        let keys: std::collections::BTreeSet<u64> = cluster
-            .query(&new_ip, "SELECT k FROM e2e.w")?
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        let lost: Vec<u64> = acknowledged
-            .iter()
-            .copied()
-            .filter(|k| !keys.contains(k))
-            .collect();
-        anyhow::ensure!(
-            lost.is_empty(),
-            "{} acknowledged writes are not on the new primary {new}: {lost:?}",
-            lost.len()
-        );
+        let keys = cluster.holds_every_acknowledged(&new, &new_ip, &acknowledged)?;
 
         if new == old {
             eprintln!("mariadb failover ({fault:?}): {old} restarted and stayed the primary");
@@ -467,12 +495,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
                 if read_only != "1" {
                     return Err(format!("{old} is writable (read_only {read_only}, binlog {binlog_state})"));
                 }
-                let rows: std::collections::BTreeSet<u64> = cluster
-                    .query(&ip, "SELECT k FROM e2e.w")
-                    .map_err(|e| e.to_string())?
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect();
+                let rows = cluster.keys(&ip)?;
                 let status = cluster
                     .clusters
                     .get(&cluster.name)
@@ -605,15 +628,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
                 }
             }
         });
-        eventually("the first writes acknowledged", Duration::from_secs(30), || async {
-            let count = cluster
-                .query(&old_ip, "SELECT COUNT(*) FROM e2e.w")
-                .map_err(|e| e.to_string())?;
-            (count.trim().parse::<u64>().unwrap_or(0) >= 20)
-                .then_some(())
-                .ok_or_else(|| format!("{} rows", count.trim()))
-        })
-        .await?;
+        cluster.first_writes(&old_ip).await?;
         let asked = Instant::now();
         cluster
             .clusters
@@ -655,22 +670,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
             writes.acknowledged.len()
         );
 
-        let keys: std::collections::BTreeSet<u64> = cluster
-            .query(&target_ip, "SELECT k FROM e2e.w")?
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        let lost: Vec<u64> = writes
-            .acknowledged
-            .iter()
-            .copied()
-            .filter(|k| !keys.contains(k))
-            .collect();
-        anyhow::ensure!(
-            lost.is_empty(),
-            "{} acknowledged writes are not on the new primary {target}: {lost:?}",
-            lost.len()
-        );
+        let keys = cluster.holds_every_acknowledged(&target, &target_ip, &writes.acknowledged)?;
 
         // The old primary follows the new one, read-only, and holds what it holds.
         let rejoined = eventually(
@@ -683,12 +683,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
                         "SELECT @@global.read_only, (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Slave_SQL')",
                     )
                     .map_err(|e| e.to_string())?;
-                let rows: std::collections::BTreeSet<u64> = cluster
-                    .query(&old_ip, "SELECT k FROM e2e.w")
-                    .map_err(|e| e.to_string())?
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect();
+                let rows = cluster.keys(&old_ip)?;
                 (answer.trim() == "1\t1" && rows == keys)
                     .then_some(())
                     .ok_or_else(|| {
