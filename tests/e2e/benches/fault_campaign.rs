@@ -744,6 +744,21 @@ impl Campaign {
                 self.kill(ns, pods, &leader, *how).await
             }
             Fault::KillHostLeader => {
+                // Killing the leader while the standby is down leaves no host at all, for as long
+                // as the kubelet's crash back-off lasts (up to 5 min once a container was killed
+                // a few times: Redis seed 55, both replicas down for 3 min): a fault of the
+                // campaign's making, not one a cluster meets, so it is not made.
+                let deployments: Api<Deployment> =
+                    Api::namespaced(self.client.clone(), HOST_NAMESPACE);
+                let ready = deployments
+                    .get("policy-host")
+                    .await?
+                    .status
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0);
+                if ready < 2 {
+                    bail!("{ready} of 2 host replicas Ready: the standby is not running");
+                }
                 let leases: Api<Lease> = Api::namespaced(self.client.clone(), HOST_NAMESPACE);
                 let holder = leases
                     .get("policy-host")
