@@ -631,6 +631,62 @@ fn elect(facts: &Facts, commands: &mut Vec<Command>, events: &mut Vec<Action>) -
     }
 }
 
+/// Writable servers beside a writable recorded primary that no replica follows and that wait
+/// for a replica's acknowledgement at each commit (semi-sync on): a primary cut off and
+/// replaced, back from the cut still configured writable. Since it lost its replicas no write
+/// it took was acknowledged (semi-sync never falls back), so nothing acknowledged is lost by
+/// making it read-only at once; it then rejoins as a replica or, holding those writes, is
+/// quarantined as errant. Any other pair of writable servers is a split brain for a human.
+fn fence_old_primaries(
+    facts: &Facts,
+    primary: &str,
+    writable: &[&Server],
+    others: &[&Server],
+    commands: &mut Vec<Command>,
+    events: &mut Vec<Action>,
+) -> Option<Verdict> {
+    if others.is_empty() || !writable.iter().any(|s| s.name == primary) {
+        return None;
+    }
+    let followed = |name: &str| {
+        let host = children::host_of(&facts.name, name);
+        facts.servers.iter().filter_map(Server::answer).any(|p| {
+            p.link
+                .as_ref()
+                .is_some_and(|l| l.io_running && l.source_host == host)
+        })
+    };
+    let stale = |s: &Server| s.answer().is_some_and(|p| p.semi_sync_primary) && !followed(&s.name);
+    if !others.iter().all(|s| stale(s)) {
+        return None;
+    }
+    for old in others {
+        commands.push(Command::SetReadOnly {
+            pod: old.name.clone(),
+            read_only: true,
+        });
+        events.push(Action::RecordEvent(Event::warning(
+            "OldPrimaryFenced",
+            format!(
+                "{} took writes beside the primary {primary} with no replica following it (a primary cut off and replaced): made read-only; no write it took since it lost its replicas was acknowledged, and if it holds any it is quarantined as errant",
+                old.name
+            ),
+        )));
+    }
+    Some(Verdict {
+        progressing: Some(format!(
+            "{} made read-only beside the primary {primary}",
+            others
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        requeue_ms: REQUEUE_FAILOVER_MS,
+        ..Verdict::steady(Some(primary.to_owned()))
+    })
+}
+
 fn split_brain(primary: Option<String>, writable: &[&Server]) -> Verdict {
     let names: Vec<&str> = writable.iter().map(|s| s.name.as_str()).collect();
     Verdict {
@@ -698,6 +754,10 @@ fn follow_primary(
         .copied()
         .filter(|s| s.name != primary)
         .collect();
+    if let Some(verdict) = fence_old_primaries(facts, primary, &writable, &others, commands, events)
+    {
+        return verdict;
+    }
     if others.len() > 1 || (!others.is_empty() && others.len() < writable.len()) {
         return split_brain(Some(primary.to_owned()), &writable);
     }
@@ -1402,6 +1462,15 @@ mod tests {
         )
     }
 
+    /// `s` with semi-sync off on the source side.
+    fn without_semi_sync(mut s: Server) -> Server {
+        if let Ok(p) = &mut s.probe {
+            p.semi_sync_primary = false;
+            p.semi_sync_active = false;
+        }
+        s
+    }
+
     fn replica(ordinal: u32, of: u32, pos: &str) -> Server {
         replica_with(ordinal, of, pos, pos, true, true)
     }
@@ -1869,13 +1938,33 @@ mod tests {
                 events: &["PrimaryAdopted"],
             },
             Row {
-                situation: "two writable servers: split brain, nothing is sent",
+                situation: "the old primary back from a network cut, still writable with semi-sync on and followed by no replica: made read-only (nothing it took since was acknowledged)",
+                facts: facts(
+                    Some(1),
+                    2,
+                    vec![
+                        primary(0, "0-1-10,0-1-11"),
+                        primary(1, "0-1-10,0-2-12"),
+                        replica(2, 1, "0-1-10,0-2-12"),
+                    ],
+                ),
+                commands: vec![Command::SetReadOnly {
+                    pod: name(0),
+                    read_only: true,
+                }],
+                primary: Some("db-1"),
+                deleted: &[],
+                degraded: "ErrantReplica",
+                events: &["OldPrimaryFenced", "ErrantReplica"],
+            },
+            Row {
+                situation: "two writable servers, the other one without semi-sync (its writes may have been acknowledged by no one): split brain, nothing is sent",
                 facts: facts(
                     Some(0),
                     2,
                     vec![
                         primary(0, "0-1-10"),
-                        primary(1, "0-1-10,0-2-11"),
+                        without_semi_sync(primary(1, "0-1-10,0-2-11")),
                         replica(2, 0, "0-1-9"),
                     ],
                 ),
