@@ -286,17 +286,22 @@ impl ExampleCluster {
     }
 
     async fn print_logs(&self) {
-        for ordinal in 0..3 {
+        for ordinal in 0..4 {
             let pod = format!("{}-{ordinal}", self.name);
             eprintln!("{}", self.env.pod_logs(&self.namespace, &pod).await);
             // What each server holds and whom it follows: the evidence a failover is judged by.
+            // One query at a time: a table a test did not create fails only its own line.
             let answer = match self.ready_ip(&pod).await {
-                Ok((_, Some(ip))) => self
-                    .query(
-                        &ip,
-                        "SELECT @@server_id, @@read_only, @@gtid_binlog_state, @@gtid_current_pos, @@gtid_slave_pos; SELECT COUNT(*), MAX(k) FROM e2e.w; SHOW SLAVE STATUS\\G",
-                    )
-                    .unwrap_or_else(|e| e.to_string()),
+                Ok((_, Some(ip))) => [
+                    "SELECT @@server_id, @@global.read_only, @@gtid_binlog_state, @@gtid_current_pos, @@gtid_slave_pos",
+                    "SELECT COUNT(*), MAX(k) FROM e2e.w",
+                    "SELECT COUNT(*), MAX(k) FROM e2e.s",
+                    "SHOW SLAVE STATUS\\G",
+                ]
+                .iter()
+                .map(|sql| self.query(&ip, sql).unwrap_or_else(|e| e.to_string()))
+                .collect::<Vec<_>>()
+                .join("\n"),
                 Ok((_, None)) => "no IP".to_owned(),
                 Err(e) => e,
             };
@@ -784,12 +789,25 @@ async fn replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> an
                 || async {
                     let (ready, ip) = cluster.ready_ip(server).await?;
                     let ip = ip.filter(|_| ready).ok_or("not Ready yet")?;
-                    let answer = cluster
-                        .query(&ip, "SELECT @@global.read_only, COUNT(*) FROM e2e.s")
+                    // Two statements: `@@global.read_only` selected beside an aggregate over
+                    // a table read 0 on a read-only replica (server_id 2, 300 s in a row),
+                    // while alone it read 1 at the same moment; not understood, noted in
+                    // BENCHMARKS.md's MariaDB section.
+                    let read_only = cluster
+                        .query(&ip, "SELECT @@global.read_only")
                         .map_err(|e| e.to_string())?;
-                    (answer.trim() == format!("1\t{rows}"))
+                    let count = cluster
+                        .query(&ip, "SELECT COUNT(*) FROM e2e.s")
+                        .map_err(|e| e.to_string())?;
+                    (read_only.trim() == "1" && count.trim() == rows.to_string())
                         .then_some(())
-                        .ok_or_else(|| format!("read_only, rows: {:?}", answer.trim()))
+                        .ok_or_else(|| {
+                            format!(
+                                "at {ip}: read_only {}, {} rows",
+                                read_only.trim(),
+                                count.trim()
+                            )
+                        })
                 },
             )
             .await?;
