@@ -7,9 +7,12 @@
 //! (SDK README, "Commands to the app land before the status"). So:
 //! - **Who is primary**: `status.currentPrimary`, unless exactly one *other* server is
 //!   writable and holds every replica's transactions: an earlier promotion whose status never
-//!   landed, adopted rather than repeated. Two writable servers are never acted on (split
-//!   brain: `Degraded`, nothing sent). Every server boots read-only and does not replicate by
-//!   itself ([`crate::children::SERVER_CONFIG`]), so only this plugin makes one writable.
+//!   landed, adopted rather than repeated. A writable server beside the writable recorded
+//!   primary that no replica follows, with semi-sync on (an old primary back from a network
+//!   cut), has had nothing acknowledged since it lost its replicas and is made read-only
+//!   (`OldPrimaryFenced`); any other pair of writable servers is never acted on (split brain:
+//!   `Degraded`, nothing sent). Every server boots read-only and does not replicate by itself
+//!   ([`crate::children::SERVER_CONFIG`]), so only this plugin makes one writable.
 //! - **Failover** (MOCO's, docs/clustering.md), when the primary's Pod is gone, ended, or not
 //!   ready and not answering; never from Pod readiness alone:
 //!   1. nothing while any replica that may hold the last acknowledged write does not answer
@@ -26,8 +29,10 @@
 //!   `errant`, listed in status, a Warning Event), never promoted.
 //!   Semi-sync found off while replicas replicate is `Degraded` (`SemiSyncOff`).
 //! - **Switchover** on the annotation [`children::SWITCHOVER_ANNOTATION`]: the primary goes
-//!   read-only, the target catches up to its binlog position (`MASTER_GTID_WAIT`), is
-//!   promoted; the old primary rejoins as a replica on the next decision.
+//!   read-only, every other replica stops retrieving (only the target can acknowledge now:
+//!   root writes through `read_only`), the target catches up to the primary's binlog position
+//!   (`MASTER_GTID_WAIT`), stops retrieving, applies all it retrieved, and is promoted; the old
+//!   primary turns semi-sync off and rejoins as a replica on the next decision.
 //! - **Scale**: the primary and the lowest other ordinals, `spec.replicas` of them; the other
 //!   Pods are deleted (their claims stay), only when no failover is under way.
 //! - **Rolling update** of the version, image or `spec.config`: while every server is in line,
