@@ -3,7 +3,8 @@
 # processes: its pods' processes (found through their cgroups), the runc shims of its
 # containerd (found by the socket in their command line; they leave containerd's process
 # group), mounts under its directory, the pods' network namespaces, the pods' cgroups,
-# kube-proxy's nftables tables and the bridge. Every step tolerates "already gone".
+# kube-proxy's nftables tables, the bridge, and the volumes its claims got from the hostPath
+# provisioner (MariaDB's data directories are 126 MiB each; a suite left gigabytes in /tmp). Every step tolerates "already gone".
 #
 # Usage: node-teardown.sh now   DIR SOCKET CGROUP_ROOT BRIDGE IP_FORWARD
 #        node-teardown.sh watch DIR SOCKET CGROUP_ROOT BRIDGE IP_FORWARD
@@ -14,8 +15,12 @@
 set -uo pipefail
 mode=$1 dir=$2 socket=$3 cgroup_root=$4 bridge=$5 ip_forward=$6
 lock=/run/lock/policy-host-node.lock
+# The in-tree hostPath provisioner's directory, and what was in it when the node started (the
+# watchdog starts with the node, under the node lock): anything else there is this node's.
+volumes=/tmp/hostpath_pv volumes_before=$dir/hostpath-volumes-before
 
 teardown() {
+  echo "node-teardown: $mode $(date +%T.%N)"
   local kubepods=/sys/fs/cgroup/memory${cgroup_root}/kubepods procs pid p
   # Pods' processes, by cgroup; twice, in case one forked meanwhile.
   for _ in 1 2; do
@@ -70,11 +75,19 @@ teardown() {
   done
   ip link del "$bridge" 2>/dev/null
   echo "$ip_forward" >/proc/sys/net/ipv4/ip_forward
+  if [ -f "$volumes_before" ] && [ -d "$volumes" ]; then
+    local volume
+    for volume in "$volumes"/*; do
+      [ -e "$volume" ] || continue
+      grep -qxF -- "${volume##*/}" "$volumes_before" || { rm -rf -- "$volume"; echo "removed volume $volume"; }
+    done
+  fi
 }
 
 case "$mode" in
   now) teardown ;;
   watch)
+    ls -1 "$volumes" >"$volumes_before" 2>/dev/null || : >"$volumes_before"
     trap 'kill "$sleeper" 2>/dev/null; exec 9>"$lock"; flock 9; teardown; exit 0' TERM
     # `wait` returns at once on a trapped signal, unlike a foreground sleep.
     while :; do sleep 3600 & sleeper=$!; wait "$sleeper"; done ;;
