@@ -177,13 +177,66 @@ impl Role {
     }
 }
 
+/// The annotation on a server Pod created with the seed step ([`SEED_SCRIPT`]), naming the
+/// donor it copies from when its data directory is empty. A Pod created before the plugin
+/// seeded lacks it and is rebuilt as it was: a Pod's containers cannot change.
+pub const SEED_ANNOTATION: &str = "mariadb.policy-host.io/seed-from";
+
+/// The donor a new server copies from: the primary, through its Service (a stable name, so
+/// the Pod's spec never changes with a failover).
+pub fn donor(parent: &str) -> String {
+    format!("{parent}-primary")
+}
+
+/// The seed step, an init container on the server's image: on an empty data directory it dumps
+/// every database of the donor (`mariadb-dump --single-transaction --gtid`, one consistent
+/// snapshot and the GTID it ends at) into the directory the image's entrypoint loads when it
+/// initialises (`/docker-entrypoint-initdb.d`, as the official image does), with the binlog off
+/// for the load and `gtid_slave_pos` set to that GTID, so the server replicates on from there
+/// — also when the primary has purged older binlogs. No donor answering (a new cluster has no
+/// primary yet) is no seed: the server starts empty and replicates from the beginning; a donor
+/// that answers but whose dump fails fails the step, and the kubelet runs it again.
+pub const SEED_SCRIPT: &str = r#"set -eu
+seed=/docker-entrypoint-initdb.d
+rm -f "$seed"/*.sql "$seed"/dump.*
+if [ -d /var/lib/mysql/mysql ]; then
+  exit 0
+fi
+if ! mariadb --connect-timeout=5 -h "$DONOR" -u root -e "SELECT 1" >/dev/null 2>"$seed/dump.err"; then
+  echo "seed: no donor answers at $DONOR ($(head -c 300 "$seed/dump.err")): starting empty" >&2
+  rm -f "$seed"/dump.*
+  exit 0
+fi
+# A donor that answers but whose dump fails fails the Pod's start (the kubelet runs this
+# again): starting empty would replay a binlog the primary may have purged.
+mariadb-dump -h "$DONOR" -u root --all-databases --single-transaction --gtid --master-data=2 \
+  --routines --events --triggers --flush-privileges >"$seed/dump.sql.part"
+pos=$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([^']*\)';.*/\1/p" "$seed/dump.sql.part" | head -n 1)
+if [ -z "$pos" ]; then
+  echo "seed: the dump from $DONOR names no GTID (is its binary log on?)" >&2
+  exit 1
+fi
+{
+  echo "SET SESSION sql_log_bin = 0;"
+  cat "$seed/dump.sql.part"
+  echo "SET GLOBAL gtid_slave_pos = '$pos';"
+} >"$seed/seed.sql"
+rm -f "$seed"/dump.*
+echo "seed: copied from $DONOR at GTID $pos" >&2
+"#;
+
+/// The directory the image's entrypoint loads `.sql` files from on an empty data directory.
+const INIT_FILES: &str = "/docker-entrypoint-initdb.d";
+
 /// A server Pod: `image` and `config_revision` are the ones it was created with (a change of
-/// either is a restart, by the rolling update), the role label is the only field that moves.
+/// either is a restart, by the rolling update), and so is `seed_from` (the seed step's donor,
+/// [`SEED_ANNOTATION`]); the role label is the only field that moves.
 pub fn server_pod(
     parent: &str,
     pod: &str,
     image: &str,
     config_revision: &str,
+    seed_from: Option<&str>,
     role: Role,
     spec: &MariaDBClusterSpec,
 ) -> Value {
@@ -207,6 +260,9 @@ pub fn server_pod(
         .mount("data", "/var/lib/mysql")
         .mount("config", "/etc/mysql/conf.d")
         .ready_on_tcp(MYSQL_PORT_NAME);
+    if seed_from.is_some() {
+        container = container.mount("seed", INIT_FILES);
+    }
     if let Some(resources) = &spec.resources {
         container = container.field(
             "resources",
@@ -220,8 +276,23 @@ pub fn server_pod(
         .stable_dns(&headless_name(parent))
         .claim_volume("data", &claim_name(pod))
         .container(container)
-        .spec_field("terminationGracePeriodSeconds", json!(30))
-        .build();
+        .spec_field("terminationGracePeriodSeconds", json!(30));
+    if let Some(donor) = seed_from {
+        // The root password reaches mariadb-dump through its environment (MYSQL_PWD), never
+        // its command line.
+        let seed = Container::new("seed", image)
+            .field("command", json!(["sh", "-c", SEED_SCRIPT]))
+            .env("DONOR", donor)
+            .env_from_secret("MYSQL_PWD", secret, "root-password")
+            .mount("data", "/var/lib/mysql")
+            .mount("seed", INIT_FILES)
+            .build();
+        built = built
+            .annotation(SEED_ANNOTATION, donor)
+            .empty_dir_volume("seed")
+            .spec_field("initContainers", json!([seed]));
+    }
+    let mut built = built.build();
     // The ConfigMap volume: not among the SDK's builders.
     if let Some(volumes) = built["spec"]["volumes"].as_array_mut() {
         volumes.push(json!({ "name": "config", "configMap": { "name": config_name(parent) } }));
@@ -270,7 +341,15 @@ mod tests {
     #[test]
     fn a_server_pod_gets_its_identity_its_claim_its_config_and_the_passwords_by_reference() {
         let spec = MariaDBClusterSpec::default();
-        let pod = server_pod("db", "db-2", "mariadb:10.11", "r1", Role::Replica, &spec);
+        let pod = server_pod(
+            "db",
+            "db-2",
+            "mariadb:10.11",
+            "r1",
+            None,
+            Role::Replica,
+            &spec,
+        );
         let container = &pod["spec"]["containers"][0];
         assert_eq!(
             container["args"],
@@ -294,6 +373,57 @@ mod tests {
         assert_eq!(
             pod["metadata"]["annotations"][CONFIG_REVISION_ANNOTATION],
             "r1"
+        );
+    }
+
+    #[test]
+    fn a_seeded_server_pod_dumps_from_the_primary_service_into_the_init_files_by_reference() {
+        let spec = MariaDBClusterSpec::default();
+        let pod = server_pod(
+            "db",
+            "db-3",
+            "mariadb:10.11",
+            "r1",
+            Some(&donor("db")),
+            Role::Replica,
+            &spec,
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"][SEED_ANNOTATION],
+            "db-primary"
+        );
+        let seed = &pod["spec"]["initContainers"][0];
+        assert_eq!(seed["image"], "mariadb:10.11");
+        assert_eq!(seed["command"][2], SEED_SCRIPT);
+        let env = seed["env"].to_string();
+        assert!(
+            env.contains("db-primary") && env.contains("db-credentials"),
+            "{env}"
+        );
+        assert!(
+            !SEED_SCRIPT.contains("password"),
+            "no password on a command line"
+        );
+        let mounts = |c: &Value| c["volumeMounts"].to_string();
+        assert!(mounts(seed).contains(INIT_FILES) && mounts(seed).contains("/var/lib/mysql"));
+        assert!(mounts(&pod["spec"]["containers"][0]).contains(INIT_FILES));
+        assert!(pod["spec"]["volumes"].to_string().contains("emptyDir"));
+
+        // A Pod made before the seed step is rebuilt without it: its spec cannot change.
+        let unseeded = server_pod(
+            "db",
+            "db-3",
+            "mariadb:10.11",
+            "r1",
+            None,
+            Role::Replica,
+            &spec,
+        );
+        assert!(unseeded["spec"].get("initContainers").is_none());
+        assert!(
+            unseeded["metadata"]["annotations"]
+                .get(SEED_ANNOTATION)
+                .is_none()
         );
     }
 

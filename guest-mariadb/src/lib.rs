@@ -194,6 +194,7 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
             config_revision: pod
                 .annotation(children::CONFIG_REVISION_ANNOTATION)
                 .map_or_else(children::base_config_revision, str::to_owned),
+            seed_from: pod.annotation(children::SEED_ANNOTATION).map(str::to_owned),
             pod: state,
             probe,
         });
@@ -244,6 +245,10 @@ fn probe(
     Ok((probe, client))
 }
 
+/// The connections [`Command::Disconnect`] kills: clients, not the server's own threads, not
+/// replicas reading its binlog, not this session.
+pub const CLIENTS_SQL: &str = "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND USER NOT IN ('system user', 'event_scheduler') AND COMMAND NOT IN ('Binlog Dump', 'Daemon', 'Slave_IO', 'Slave_SQL', 'Slave_worker')";
+
 /// `text` as a SQL string literal.
 fn quoted(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
@@ -289,7 +294,9 @@ pub fn statements(command: &Command, parent: &str, replication_password: &str) -
         Command::StartReplication { .. } => vec!["START SLAVE".into()],
         Command::StartApplying { .. } => vec!["START SLAVE SQL_THREAD".into()],
         // Built at run time from the source's position, or the pod's own.
-        Command::CatchUp { .. } | Command::ApplyRetrieved { .. } => Vec::new(),
+        Command::CatchUp { .. } | Command::ApplyRetrieved { .. } | Command::Disconnect { .. } => {
+            Vec::new()
+        }
     }
 }
 
@@ -304,7 +311,8 @@ fn command_pod(command: &Command) -> &str {
         | Command::StartReplication { pod }
         | Command::StartApplying { pod }
         | Command::CatchUp { pod, .. }
-        | Command::ApplyRetrieved { pod } => pod,
+        | Command::ApplyRetrieved { pod }
+        | Command::Disconnect { pod } => pod,
     }
 }
 
@@ -377,6 +385,17 @@ fn run(
     let client = clients
         .get_mut(pod)
         .ok_or_else(|| not_connected(pod, parent))?;
+    if let Command::Disconnect { .. } = command {
+        let connected = client.query(CLIENTS_SQL).map_err(failed)?;
+        for id in (0..connected.rows.len()).filter_map(|row| connected.get(row, "ID")) {
+            // A client gone meanwhile (1094, unknown thread) is what was wanted.
+            match client.execute(&format!("KILL CONNECTION {id}")) {
+                Err(WireError::Server { code: 1094, .. }) | Ok(()) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        return Ok(());
+    }
     for sql in statements(command, parent, password) {
         client.execute(&sql).map_err(failed)?;
     }

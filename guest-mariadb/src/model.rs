@@ -24,6 +24,9 @@ use crate::wire::fixtures::{err, greeting, ok, result_set};
 
 type Transaction = (u32, u64);
 
+/// The connection id of the first client waiting on a commit ([`Server::waiting`]).
+const WAITING_CLIENT_ID: usize = 100;
+
 /// A replication link.
 #[derive(Clone, Debug, Default)]
 pub struct Link {
@@ -54,6 +57,11 @@ pub struct Server {
     pub link: Option<Link>,
     /// `@@rpl_semi_sync_master_enabled`.
     pub semi_sync: bool,
+    /// Its network is cut: it runs, but neither the plugin nor a replica reaches it.
+    pub cut: bool,
+    /// Commits waiting for a semi-sync acknowledgement (in its binlog; their clients hold their
+    /// connections, waiting for the OK).
+    pub waiting: Vec<Transaction>,
 }
 
 fn position(t: Option<&Transaction>) -> String {
@@ -70,6 +78,8 @@ impl Server {
             slave_pos: None,
             link: None,
             semi_sync: false,
+            cut: false,
+            waiting: Vec::new(),
         }
     }
 
@@ -103,6 +113,9 @@ pub struct Model {
     pub admin_writes_to: Option<String>,
     /// The admin client's writes that were acknowledged.
     pub admin_acknowledged: Vec<Transaction>,
+    /// Writes that waited for a semi-sync acknowledgement and got their OK later: when a
+    /// replica retrieved them, or when semi-sync was turned off under them.
+    pub acknowledged_late: Vec<Transaction>,
 }
 
 /// The model as the plugin's app: clones share it.
@@ -123,6 +136,8 @@ impl FakeCluster {
             server.up = true;
             server.read_only = true;
             server.semi_sync = false;
+            // Its clients lost their connections: nothing waiting was acknowledged.
+            server.waiting.clear();
             if let Some(link) = &mut server.link {
                 link.io = false;
                 link.sql = false;
@@ -137,9 +152,19 @@ impl FakeCluster {
         }
     }
 
-    /// Whether `pod`'s server is up.
-    pub fn is_up(&self, pod: &str) -> bool {
-        self.0.borrow().servers.get(pod).is_some_and(|s| s.up)
+    /// Cuts `pod`'s network (`true`) or heals it: while cut it runs, but no one reaches it.
+    pub fn cut(&self, pod: &str, cut: bool) {
+        if let Some(s) = self.0.borrow_mut().servers.get_mut(pod) {
+            s.cut = cut;
+        }
+    }
+
+    fn reachable(&self, pod: &str) -> bool {
+        self.0
+            .borrow()
+            .servers
+            .get(pod)
+            .is_some_and(|s| s.up && !s.cut)
     }
 
     /// Stops `pod`'s IO thread behind the plugin's back (a slow or cut link).
@@ -155,9 +180,10 @@ impl FakeCluster {
         }
     }
 
-    /// A client write on `pod`: refused when it is down or read-only; otherwise in its binlog,
-    /// retrieved at once by every replica whose IO thread runs from it, and acknowledged when
-    /// one did (or semi-sync is off).
+    /// A client write on `pod` (a client beside it: a cut does not stop it): refused when it is
+    /// down or read-only; otherwise in its binlog, retrieved at once by every replica whose IO
+    /// thread runs from it and reaches it, and acknowledged when one did (or semi-sync is off);
+    /// else its commit waits for an acknowledgement ([`Server::waiting`]).
     pub fn write(&self, pod: &str) -> Option<Transaction> {
         self.write_as(pod, false)
     }
@@ -173,17 +199,26 @@ impl FakeCluster {
         let transaction = (server.server_id, next);
         server.executed.push(transaction);
         let semi_sync = server.semi_sync;
+        let source_cut = server.cut;
         let executed = server.executed.clone();
         let mut acknowledged = false;
         for replica in model.servers.values_mut() {
             if let Some(link) = replica.link.as_mut().filter(|l| l.source == pod && l.io)
                 && replica.up
+                && !replica.cut
+                && !source_cut
             {
                 link.retrieved = executed.clone();
                 acknowledged = true;
             }
         }
-        (acknowledged || !semi_sync).then_some(transaction)
+        if acknowledged || !semi_sync {
+            return Some(transaction);
+        }
+        if let Some(server) = model.servers.get_mut(pod) {
+            server.waiting.push(transaction);
+        }
+        None
     }
 
     /// Replication runs: every running IO thread retrieves its source's binlog (if it extends
@@ -193,18 +228,28 @@ impl FakeCluster {
         let binlogs: BTreeMap<String, Option<Vec<Transaction>>> = model
             .servers
             .iter()
-            .map(|(n, s)| (n.clone(), s.up.then(|| s.executed.clone())))
+            .map(|(n, s)| (n.clone(), (s.up && !s.cut).then(|| s.executed.clone())))
             .collect();
         // A server with semi-sync on waits, at each commit, for a replica's acknowledgement —
         // its applier's commits too (`log_slave_updates`): without a replica it applies nothing.
         let acknowledged = sources_acknowledged(&model.servers);
+        // A commit that waited gets its OK once a replica retrieves from its server.
+        let mut released = Vec::new();
+        for (name, server) in model.servers.iter_mut() {
+            if acknowledged.contains(name) {
+                released.append(&mut server.waiting);
+            }
+        }
+        model.acknowledged_late.extend(released);
         for (name, server) in model.servers.iter_mut().filter(|(_, s)| s.up) {
             let executed = server.executed.clone();
             let blocked = server.semi_sync && !acknowledged.contains(name);
+            let cut = server.cut;
             let Some(link) = server.link.as_mut() else {
                 continue;
             };
             if link.io
+                && !cut
                 && let Some(Some(source)) = binlogs.get(&link.source)
                 && source.starts_with(&executed)
             {
@@ -218,13 +263,15 @@ impl FakeCluster {
         }
     }
 
-    /// The servers taking writes.
+    /// The servers taking writes. A cut-off one is not counted while cut: no client reaches it
+    /// but one beside it, whose commits wait for an acknowledgement (semi-sync never falls
+    /// back), so nothing it takes is acknowledged.
     pub fn writable(&self) -> Vec<String> {
         self.0
             .borrow()
             .servers
             .iter()
-            .filter(|(_, s)| s.up && !s.read_only)
+            .filter(|(_, s)| s.up && !s.read_only && !s.cut)
             .map(|(n, _)| n.clone())
             .collect()
     }
@@ -277,18 +324,19 @@ impl FakeCluster {
         let binlogs: BTreeMap<String, Vec<Transaction>> = model
             .servers
             .iter()
-            .filter(|(_, s)| s.up)
+            .filter(|(_, s)| s.up && !s.cut)
             .map(|(n, s)| (n.clone(), s.executed.clone()))
             .collect();
         // Which servers have a replica whose IO thread runs from them.
         let semi_sync_replicas: BTreeMap<String, bool> = model
             .servers
             .values()
-            .filter(|r| r.up)
+            .filter(|r| r.up && !r.cut)
             .filter_map(|r| r.link.as_ref().filter(|l| l.io))
             .map(|l| (l.source.clone(), true))
             .collect();
         let promotions = &mut model.promotions;
+        let mut late = Vec::new();
         let mut promoted = false;
         let reply = {
             let Some(s) = model.servers.get_mut(pod) else {
@@ -357,14 +405,48 @@ impl FakeCluster {
                 }
             } else if let Some(value) = sql.strip_prefix("SET GLOBAL read_only = ") {
                 let read_only = value == "ON";
-                promoted = s.read_only && !read_only;
-                s.read_only = read_only;
-                ok(1)
+                if read_only && !s.waiting.is_empty() {
+                    // `read_only` waits for the commits in progress, and these wait for an
+                    // acknowledgement that does not come: the real server blocks until the
+                    // session's deadline; the model answers at once.
+                    err(1, 1205, "Lock wait timeout exceeded")
+                } else {
+                    promoted = s.read_only && !read_only;
+                    s.read_only = read_only;
+                    ok(1)
+                }
             } else if let Some(value) =
                 sql.strip_prefix("SET GLOBAL rpl_semi_sync_master_enabled = ")
             {
                 s.semi_sync = value == "ON";
+                if !s.semi_sync {
+                    // The waiting commits complete: their clients get an OK.
+                    late.append(&mut s.waiting);
+                }
                 ok(1)
+            } else if sql == crate::CLIENTS_SQL {
+                // One connection per waiting commit (the plugin's own is not listed).
+                let ids: Vec<String> = (0..s.waiting.len())
+                    .map(|i| (WAITING_CLIENT_ID + i).to_string())
+                    .collect();
+                let rows: Vec<[Option<&str>; 1]> =
+                    ids.iter().map(|id| [Some(id.as_str())]).collect();
+                let rows: Vec<&[Option<&str>]> = rows.iter().map(|r| &r[..]).collect();
+                result_set(&["ID"], &rows)
+            } else if let Some(id) = sql.strip_prefix("KILL CONNECTION ") {
+                // Its client sees the connection lost, never an OK; the commit stays in the
+                // binlog.
+                match id
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|id| id.checked_sub(WAITING_CLIENT_ID))
+                {
+                    Some(i) if i < s.waiting.len() => {
+                        s.waiting.remove(i);
+                        ok(1)
+                    }
+                    _ => err(1, 1094, &format!("Unknown thread id: {id}")),
+                }
             } else if sql == "STOP SLAVE IO_THREAD" {
                 if let Some(l) = &mut s.link {
                     l.io = false;
@@ -435,6 +517,7 @@ impl FakeCluster {
         if promoted {
             *promotions += 1;
         }
+        model.acknowledged_late.append(&mut late);
         reply
     }
 }
@@ -443,9 +526,10 @@ impl FakeCluster {
 fn sources_acknowledged(servers: &BTreeMap<String, Server>) -> std::collections::BTreeSet<String> {
     servers
         .values()
-        .filter(|r| r.up)
+        .filter(|r| r.up && !r.cut)
         .filter_map(|r| r.link.as_ref().filter(|l| l.io))
         .map(|l| l.source.clone())
+        .filter(|source| servers.get(source).is_some_and(|s| s.up && !s.cut))
         .collect()
 }
 
@@ -460,7 +544,7 @@ struct ModelConnection {
 
 impl Connection for ModelConnection {
     fn send(&mut self, bytes: &[u8]) -> Result<(), ExchangeError> {
-        if !self.cluster.is_up(&self.pod) {
+        if !self.cluster.reachable(&self.pod) {
             return Err(ExchangeError::Closed);
         }
         self.inbound.extend_from_slice(bytes);
@@ -509,8 +593,10 @@ impl AppCall for FakeCluster {
     }
 
     fn connect(&mut self, pod: &str, port: &str) -> Result<Session, ExchangeError> {
-        if !self.is_up(pod) {
-            return Err(ExchangeError::Unreachable(format!("{pod} is down")));
+        if !self.reachable(pod) {
+            return Err(ExchangeError::Unreachable(format!(
+                "{pod} is down or cut off"
+            )));
         }
         Ok(Session::new(
             pod,
@@ -544,6 +630,8 @@ mod tests {
         observed: Observation,
         /// Pods whose server stays down (their Pod Pending) until released.
         held_down: BTreeSet<String>,
+        /// Pods whose network is cut: the server runs, the Pod is Running but not Ready.
+        cut_off: BTreeSet<String>,
         events: Vec<String>,
         /// Pods the plugin deleted, in order.
         deleted: Vec<String>,
@@ -565,6 +653,7 @@ mod tests {
                 }))
                 .build(),
                 held_down: BTreeSet::new(),
+                cut_off: BTreeSet::new(),
                 events: Vec::new(),
                 deleted: Vec::new(),
                 failovers: 0,
@@ -623,6 +712,11 @@ mod tests {
                     .to_owned();
                 pod["status"] = if self.held_down.contains(&name) {
                     json!({ "phase": "Pending" })
+                } else if self.cut_off.contains(&name) {
+                    json!({
+                        "phase": "Running",
+                        "conditions": [{ "type": "Ready", "status": "False" }]
+                    })
                 } else {
                     let ordinal = children::ordinal("db", &name).unwrap_or(0);
                     self.cluster.start(&name, ordinal + 1);
@@ -643,6 +737,17 @@ mod tests {
             self.observed
                 .children
                 .retain(|c: &Child| !(c.kind.kind == "Pod" && c.name().as_deref() == Some(pod)));
+        }
+
+        /// Cuts `pod`'s network (its readiness probe fails from now on) or heals it.
+        fn cut(&mut self, pod: &str, cut: bool) {
+            self.cluster.cut(pod, cut);
+            if cut {
+                self.cut_off.insert(pod.to_owned());
+            } else {
+                self.cut_off.remove(pod);
+            }
+            self.observed = self.pods_as_the_node_runs_them(self.observed.clone());
         }
 
         fn release(&mut self, pod: &str) {
@@ -976,5 +1081,54 @@ mod tests {
             "{:?}",
             run.events
         );
+    }
+    /// The primary cut off the network with a client's commit waiting for an acknowledgement
+    /// that cannot come (semi-sync never falls back): when the network heals, the old primary
+    /// — still writable, semi-sync on — is fenced although that commit holds `read_only` back
+    /// (the real server blocks; a loop of failed decisions left it writable beside the new
+    /// primary for minutes on the real node), and the waiting client never gets an OK for a
+    /// write the new primary lacks.
+    #[test]
+    fn a_primary_cut_off_with_a_commit_waiting_is_fenced_when_healed_and_the_commit_never_acknowledged()
+     {
+        let mut run = converged(2);
+        let acknowledged: Vec<Transaction> = (0..3)
+            .map(|_| run.cluster.write("db-0").expect("acknowledged"))
+            .collect();
+        run.cut("db-0", true);
+        assert_eq!(
+            run.cluster.write("db-0"),
+            None,
+            "a client beside the cut-off primary: its commit waits for an acknowledgement"
+        );
+        run.steps(6);
+        let primary = run.status()["currentPrimary"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(primary == "db-1" || primary == "db-2", "{}", run.status());
+        run.cut("db-0", false);
+        run.steps(4);
+        assert_eq!(run.cluster.writable(), std::slice::from_ref(&primary));
+        assert_eq!(
+            run.status()["errantReplicas"],
+            json!(["db-0"]),
+            "{}",
+            run.status()
+        );
+        assert_eq!(run.role("db-0"), "errant");
+        assert!(
+            run.events.iter().any(|e| e == "OldPrimaryFenced"),
+            "{:?}",
+            run.events
+        );
+        let late = run.cluster.0.borrow().acknowledged_late.clone();
+        let executed = run.cluster.executed(&primary);
+        for t in acknowledged.iter().chain(&late) {
+            assert!(
+                executed.contains(t),
+                "{t:?} was acknowledged and the new primary {primary} lacks it"
+            );
+        }
     }
 }

@@ -10,7 +10,8 @@
 //!   landed, adopted rather than repeated. A writable server beside the writable recorded
 //!   primary that no replica follows, with semi-sync on (an old primary back from a network
 //!   cut), has had nothing acknowledged since it lost its replicas and is made read-only
-//!   (`OldPrimaryFenced`); any other pair of writable servers is never acted on (split brain:
+//!   (`OldPrimaryFenced`), its clients disconnected first (their commits, waiting for an
+//!   acknowledgement, hold `read_only` back); any other pair of writable servers is never acted on (split brain:
 //!   `Degraded`, nothing sent). Every server boots read-only and does not replicate by itself
 //!   ([`crate::children::SERVER_CONFIG`]), so only this plugin makes one writable.
 //! - **Failover** (MOCO's, docs/clustering.md), when the primary's Pod is gone, ended, or not
@@ -83,6 +84,8 @@ pub struct Server {
     /// The configuration revision the Pod was created with
     /// ([`children::CONFIG_REVISION_ANNOTATION`]).
     pub config_revision: String,
+    /// The donor of its seed step, if it was created with one ([`children::SEED_ANNOTATION`]).
+    pub seed_from: Option<String>,
     /// The Pod's state.
     pub pod: PodState,
     /// Its answer, or why there is none.
@@ -185,6 +188,15 @@ pub enum Command {
     /// Reads the pod's own `Gtid_IO_Pos` and waits (`MASTER_GTID_WAIT`, a few seconds) until
     /// its SQL thread applied everything its IO thread retrieved; fails the decision if not.
     ApplyRetrieved {
+        /// Pod name.
+        pod: String,
+    },
+    /// `KILL CONNECTION` of every client of the pod's server (not its replication threads, not
+    /// the plugin's own session). An old primary cut off from its replicas holds its clients'
+    /// commits waiting for an acknowledgement that will not come; they hold `read_only` back,
+    /// and turning semi-sync off would release them with an OK for writes no replica has.
+    /// Killed, their clients see the connection lost: never acknowledged.
+    Disconnect {
         /// Pod name.
         pod: String,
     },
@@ -666,6 +678,9 @@ fn fence_old_primaries(
         return None;
     }
     for old in others {
+        commands.push(Command::Disconnect {
+            pod: old.name.clone(),
+        });
         commands.push(Command::SetReadOnly {
             pod: old.name.clone(),
             read_only: true,
@@ -1312,6 +1327,7 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
                 &s.name,
                 &s.image,
                 &s.config_revision,
+                s.seed_from.as_deref(),
                 role(&s.name),
                 &facts.spec,
             ))),
@@ -1324,6 +1340,7 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
                 name,
                 &facts.spec.image(),
                 &children::config_revision(&facts.spec),
+                Some(&children::donor(&facts.name)),
                 role(name),
                 &facts.spec,
             )));
@@ -1414,6 +1431,7 @@ mod tests {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
+            seed_from: None,
             pod: PodState::Running { ready: true },
             probe: Ok(probe),
         }
@@ -1514,6 +1532,7 @@ mod tests {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
+            seed_from: None,
             pod,
             probe: Err("unreachable".into()),
         }
@@ -1953,10 +1972,13 @@ mod tests {
                         replica(2, 1, "0-1-10,0-2-12"),
                     ],
                 ),
-                commands: vec![Command::SetReadOnly {
-                    pod: name(0),
-                    read_only: true,
-                }],
+                commands: vec![
+                    Command::Disconnect { pod: name(0) },
+                    Command::SetReadOnly {
+                        pod: name(0),
+                        read_only: true,
+                    },
+                ],
                 primary: Some("db-1"),
                 deleted: &[],
                 degraded: "ErrantReplica",

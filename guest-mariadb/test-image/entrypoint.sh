@@ -4,7 +4,8 @@
 # mariadb-install-db, then on a server without networking (and without the binlog: the
 # accounts are each server's own, never replicated) the root password and hosts
 # (MARIADB_ROOT_PASSWORD, MARIADB_ROOT_HOST) and the replication account
-# (MARIADB_REPLICATION_USER, MARIADB_REPLICATION_PASSWORD). Then it runs the server.
+# (MARIADB_REPLICATION_USER, MARIADB_REPLICATION_PASSWORD), then the .sql files in
+# /docker-entrypoint-initdb.d. Then it runs the server.
 #
 # Started as root (the image's user, as the official image's entrypoint starts), it gives the
 # data directory to `nonroot` and the servers switch to that user themselves (`--user`): a
@@ -61,6 +62,13 @@ if [ ! -d "$datadir/mysql" ]; then
 			echo "GRANT REPLICATION REPLICA ON *.* TO '$MARIADB_REPLICATION_USER'@'%';"
 		fi
 	} | mariadb --protocol=socket --socket="$socket" -uroot
+	# As the official image: the .sql files of /docker-entrypoint-initdb.d, in order (the
+	# plugin's seed step writes a copy of the primary there).
+	for file in /docker-entrypoint-initdb.d/*.sql; do
+		[ -e "$file" ] || continue
+		echo "entrypoint: loading $file" >&2
+		MYSQL_PWD=$MARIADB_ROOT_PASSWORD mariadb --protocol=socket --socket="$socket" -uroot <"$file"
+	done
 	kill "$pid"
 	wait "$pid" || true
 fi

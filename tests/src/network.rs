@@ -96,6 +96,26 @@ impl PodNetworkCut {
         Ok(())
     }
 
+    /// `command` run inside the cut pod's network namespace, where its loopback still works: a
+    /// client beside the server (in the Pod, or on its host), which the cut does not stop.
+    pub fn inside(&self, command: &Command) -> Command {
+        let mut inside = Command::new("ip");
+        inside
+            .args(["netns", "exec", &self.netns])
+            .arg(command.get_program())
+            .args(command.get_args());
+        for (name, value) in command.get_envs() {
+            match value {
+                Some(value) => inside.env(name, value),
+                None => inside.env_remove(name),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            inside.current_dir(dir);
+        }
+        inside
+    }
+
     /// The network namespace, for logs.
     pub fn namespace(&self) -> PathBuf {
         PathBuf::from("/var/run/netns").join(&self.netns)

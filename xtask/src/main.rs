@@ -181,7 +181,6 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     )?;
     let images_root = root.to_owned();
     let images_made = std::thread::spawn(move || declared_images(&images_root));
-    let mut template_dependencies = template_dependencies(root)?;
     step("cargo test --workspace (unit, sandbox and end-to-end suites)");
     let tested = run(policy_host_test_plugins::cargo_command()
         // Not --all-targets: benches are bench binaries, run by `cargo bench`.
@@ -191,8 +190,6 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     if tested.is_err() {
         late.stop();
     }
-    // Only a head start for the template suite, which builds the same itself: not waited on.
-    template_dependencies.stop();
     let late_built = late.wait();
     let images_made = images_made
         .join()
@@ -200,46 +197,6 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     tested?;
     images_made?;
     late_built
-}
-
-/// Starts, at the lowest priority, the builds of a plugin fresh from the template into the target
-/// directory the template suite (`host/tests/template.rs`) builds its own in: on a cold machine
-/// that suite otherwise compiles the SDK's dependencies (native and `wasm32-wasip2`, about two
-/// minutes) on the critical path, while the cores idle under the host's first suites. The suite
-/// reuses what is there (same dependencies, features and profile; a crate of another path), and
-/// waits on cargo's lock for what is still building.
-fn template_dependencies(root: &Path) -> anyhow::Result<Background> {
-    let work = root.join("target/template-test");
-    let dir = work.join("dependencies/hello-world");
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("cannot remove the old {}", dir.display()))?;
-    }
-    new_plugin::new_plugin(root, "hello-world", &dir)?;
-    let log = root.join("target/template-dependencies.log");
-    let file =
-        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-    let cargo = policy_host_test_plugins::cargo_command();
-    // The suite's own cargo commands, in its order, with its environment.
-    let mut builds = Command::new("nice");
-    builds
-        .args(["-n", "19", "bash", "-c"])
-        .arg(
-            r#""$0" test --no-run && "$0" test --no-run --features crd --test crd \
-                && "$0" build --target wasm32-wasip2 --profile plugin"#,
-        )
-        .arg(cargo.get_program())
-        .current_dir(&dir)
-        .env_remove("RUSTFLAGS")
-        .env("CARGO_TARGET_DIR", work.join("target"))
-        .stdout(file.try_clone()?)
-        .stderr(file);
-    for (name, value) in cargo.get_envs() {
-        if value.is_none() {
-            builds.env_remove(name);
-        }
-    }
-    Background::spawn(&mut builds, "the template plugin's dependencies")
 }
 
 /// The declaration files of the images the suites run: the ones every suite finds on the node,

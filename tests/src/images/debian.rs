@@ -118,6 +118,17 @@ pub fn unpack(packages: &[String], cache: &Path) -> Result<DebianTree> {
     }
     let debs = dir.join("debs");
     std::fs::create_dir_all(&debs).map_err(Error::io(format!("creating {}", debs.display())))?;
+    // One maker of a tree at a time, across threads and processes (the lock is the open
+    // file's): the others wait here, then find it made. apt-get's downloads and the staging
+    // directory are not safe to share.
+    let lock_path = dir.join("lock");
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(Error::io(format!("creating {}", lock_path.display())))?;
+    lock.lock()
+        .map_err(Error::io(format!("locking {}", lock_path.display())))?;
+    if tree.root.join(MANIFEST).is_file() {
+        return Ok(tree);
+    }
     let wanted: Vec<String> = tree
         .packages
         .iter()
@@ -276,6 +287,33 @@ mod tests {
             ("1.2.3", "1.2.3"),
         ] {
             assert_eq!(upstream_version(debian), upstream, "{debian}");
+        }
+    }
+
+    /// The suites' tests that need one image start together (a process's threads, and other
+    /// processes): each gets the whole tree, made once. Downloads `hostname` and what it
+    /// depends on (a few MiB) from the machine's Debian mirror, as the images do.
+    #[test]
+    fn concurrent_unpacks_of_one_tree_each_get_it_whole() {
+        let cache = tempfile::tempdir().expect("a temporary directory");
+        let packages = ["hostname".to_owned()];
+        let trees: Vec<Result<DebianTree>> = std::thread::scope(|scope| {
+            let unpacks: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| unpack(&packages, cache.path())))
+                .collect();
+            unpacks
+                .into_iter()
+                .map(|u| u.join().expect("the unpack thread did not panic"))
+                .collect()
+        });
+        for tree in trees {
+            let tree = tree.expect("each unpack succeeds");
+            assert!(
+                tree.root.join("bin/hostname").is_file(),
+                "{}",
+                tree.root.display()
+            );
+            assert!(tree.root.join(MANIFEST).is_file());
         }
     }
 }
