@@ -329,9 +329,10 @@ pub fn services(parent: &str) -> [Value; 3] {
     ]
 }
 
-/// One server evicted at a time.
-pub fn budget(parent: &str) -> Value {
-    disruption_budget(parent, &[(INSTANCE_LABEL, parent)], 1)
+/// One server evicted at a time: all of the `servers` wanted but one stay up.
+pub fn budget(parent: &str, servers: usize) -> Value {
+    let min_available = u32::try_from(servers.saturating_sub(1)).unwrap_or(u32::MAX);
+    disruption_budget(parent, &[(INSTANCE_LABEL, parent)], min_available)
 }
 
 #[cfg(test)]
@@ -461,6 +462,13 @@ mod tests {
         ] {
             assert!(SERVER_CONFIG.contains(line), "{line}");
         }
+    }
+
+    #[test]
+    fn the_budget_keeps_all_servers_but_one_without_the_parents_scale_subresource() {
+        assert_eq!(budget("db", 3)["spec"]["minAvailable"], 2);
+        assert_eq!(budget("db", 1)["spec"]["minAvailable"], 0);
+        assert!(budget("db", 3)["spec"].get("maxUnavailable").is_none());
     }
 
     #[test]

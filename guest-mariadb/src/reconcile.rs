@@ -1292,9 +1292,9 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
         &facts.spec,
     ))];
     actions.extend(children::services(&facts.name).map(Action::Apply));
-    actions.push(Action::Apply(children::budget(&facts.name)));
     let primary = verdict.primary.as_deref();
     let wanted = wanted_servers(facts, primary);
+    actions.push(Action::Apply(children::budget(&facts.name, wanted.len())));
     let role = |name: &str| {
         if Some(name) == primary {
             Role::Primary

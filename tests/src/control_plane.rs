@@ -236,11 +236,6 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={scheduler_port}"),
                 "--leader-elect=false".into(),
-                // A Pod found unschedulable is retried after 10 s at the latest, not 5 min:
-                // with many claims provisioned at once (eight MariaDB clusters), a Pod whose
-                // claim was not bound yet was now and then not retried when it bound, and
-                // stayed Pending past the suites' timeouts (4 of 24, 2026-11-28).
-                "--pod-max-in-unschedulable-pods-duration=10s".into(),
                 "--v=1".into(),
             ]);
             self.processes.push(OwnedProcess::spawn(

@@ -321,19 +321,23 @@ pub fn claim(name: &str, size: &str, storage_class: Option<&str>) -> Value {
     child_object(&pvc_kind(), name, &[], json!({ "spec": spec }))
 }
 
-/// A PodDisruptionBudget `name`: at most `max_unavailable` of the Pods with the `selector`
-/// labels evicted at once (a quorum of three tolerates one).
+/// A PodDisruptionBudget `name`: at least `min_available` of the Pods with the `selector`
+/// labels stay up through voluntary evictions (a quorum of three: 2). `minAvailable`, never
+/// `maxUnavailable`: a plugin's Pods are owned by its parent, a custom resource, and Kubernetes
+/// reads `maxUnavailable` against the owner's scale subresource, which a kind may not have; the
+/// budget then never syncs and guards nothing ("does not implement the scale subresource" in
+/// kube-controller-manager's log). An integer `minAvailable` needs no owner at all.
 pub fn disruption_budget(
     name: &str,
     selector_labels: &[(&str, &str)],
-    max_unavailable: u32,
+    min_available: u32,
 ) -> Value {
     child_object(
         &pdb_kind(),
         name,
         &[],
         json!({ "spec": {
-            "maxUnavailable": max_unavailable,
+            "minAvailable": min_available,
             "selector": { "matchLabels": selector(selector_labels) },
         } }),
     )
@@ -396,7 +400,7 @@ mod tests {
     fn services_claims_and_budgets() {
         let selector = [("app.kubernetes.io/instance", "db")];
         // (situation, built, field path, expected)
-        let rows: [(&str, Value, &str, Value); 7] = [
+        let rows: [(&str, Value, &str, Value); 8] = [
             (
                 "a service selects the pods",
                 service("db", &selector, &[("mysql", 3306)]),
@@ -434,10 +438,16 @@ mod tests {
                 Value::Null,
             ),
             (
-                "a budget bounds evictions",
-                disruption_budget("db", &selector, 1),
+                "a budget keeps a number of Pods up",
+                disruption_budget("db", &selector, 2),
+                "/spec/minAvailable",
+                json!(2),
+            ),
+            (
+                "never maxUnavailable, which needs the owner's scale subresource",
+                disruption_budget("db", &selector, 2),
                 "/spec/maxUnavailable",
-                json!(1),
+                Value::Null,
             ),
         ];
         for (situation, built, path, expected) in rows {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::decide::Limits;
@@ -32,8 +33,16 @@ const FAILED_OVER: Duration = Duration::from_secs(120);
 /// One write's whole round trip, a commit waiting for a replica's acknowledgement included.
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// One example cluster on the node at a time. Run four at once beside the other suites (the
+/// whole CI run), some of their Pods stayed Pending for minutes, never bound to the node
+/// (3 of 8 tests failed, 2026-11-28 night; alone, eight tests four at a time passed): not
+/// understood yet. The MariaDB tests take their turns; the other suites still run beside them.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The example cluster running, with what a test needs to reach it.
 struct ExampleCluster {
+    /// This test's turn ([`ONE_CLUSTER_AT_A_TIME`]), held until the cluster is dropped.
+    _turn: tokio::sync::MutexGuard<'static, ()>,
     env: &'static TestEnv,
     host: HostUnderTest,
     namespace: TestNamespace,
@@ -48,6 +57,7 @@ impl ExampleCluster {
     /// Loads the bundle's plugin, applies the example, and waits until its primary is elected
     /// and Ready; prints the servers' logs when it is not.
     async fn start(prefix: &str) -> anyhow::Result<ExampleCluster> {
+        let turn = ONE_CLUSTER_AT_A_TIME.lock().await;
         let env = shared_node().await?;
         let image = env
             .provide_images(&repo_root().join("guest-mariadb/test-images.yaml"))
@@ -106,6 +116,7 @@ impl ExampleCluster {
             .await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let mut cluster = ExampleCluster {
+            _turn: turn,
             env,
             host,
             namespace,
@@ -327,6 +338,22 @@ async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::R
             )
             .map_err(|e| anyhow::anyhow!("writing to the primary {primary} at {ip}: {e}"))?;
         anyhow::ensure!(written.trim() == "0\t1", "the primary takes writes: {written}");
+        // The budget guards the servers: the disruption controller synced it (a budget it
+        // cannot compute has no status, and guards nothing) and lets one of three go.
+        let budgets: Api<PodDisruptionBudget> =
+            Api::namespaced(cluster.pods.clone().into_client(), &cluster.namespace);
+        eventually("the budget synced, one eviction allowed", CREATED, || async {
+            let status = budgets
+                .get(&cluster.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .ok_or("no status")?;
+            (status.expected_pods == Some(3) && status.disruptions_allowed == Some(1))
+                .then_some(())
+                .ok_or_else(|| format!("{status:?}"))
+        })
+        .await?;
         Ok(())
     }
     .await;
