@@ -291,6 +291,17 @@ impl ExampleCluster {
         Ok((pod_ready(&pod), pod.status.and_then(|s| s.pod_ip)))
     }
 
+    /// The table `e2e.w` the writers write keys to, and the application account they write
+    /// with ([`APP_USER`]: without `READ ONLY ADMIN`, so `read_only` refuses its writes), on
+    /// the primary at `ip`.
+    fn writers_table(&self, ip: &str) -> anyhow::Result<()> {
+        self.query(
+            ip,
+            &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
+        )
+        .map(drop)
+    }
+
     /// `sql` as root on the server at `ip`.
     fn query(&self, ip: &str, sql: &str) -> anyhow::Result<String> {
         query(&self.image, ip, "root", &self.root_password, sql).map_err(anyhow::Error::msg)
@@ -444,10 +455,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
         // The application's own account: root's `READ ONLY ADMIN` would let the writer's
         // writes land on a crashed primary back in place as a read-only server, "acknowledged"
         // without semi-sync (off after a restart) and never on the new primary.
-        cluster.query(
-            &ip,
-            &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
-        )?;
+        cluster.writers_table(&ip)?;
         // Both replicas replicating, so a write is acknowledged by one of them (semi-sync).
         cluster.replicating(2).await?;
 
@@ -695,10 +703,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
         // The application's own account, as README advises: without `READ ONLY ADMIN`, so
         // `read_only` refuses its writes.
-        cluster.query(
-            &old_ip,
-            &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
-        )?;
+        cluster.writers_table(&old_ip)?;
         cluster.replicating(2).await?;
         let target = (0..3)
             .map(|ordinal| format!("{}-{ordinal}", cluster.name))
@@ -843,10 +848,7 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
     let cluster = ExampleCluster::start("mariadb-rolling").await?;
     let outcome = async {
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
-        cluster.query(
-            &old_ip,
-            &format!("CREATE DATABASE IF NOT EXISTS e2e; CREATE TABLE IF NOT EXISTS e2e.w (k BIGINT PRIMARY KEY); CREATE USER IF NOT EXISTS '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'; GRANT SELECT, INSERT ON e2e.* TO '{APP_USER}'@'%'"),
-        )?;
+        cluster.writers_table(&old_ip)?;
         cluster.replicating(2).await?;
         let servers: Vec<String> = (0..3).map(|o| format!("{}-{o}", cluster.name)).collect();
         let mut first_uids = Vec::new();
