@@ -1082,6 +1082,7 @@ mod tests {
             run.events
         );
     }
+
     /// The primary cut off the network with a client's commit waiting for an acknowledgement
     /// that cannot come (semi-sync never falls back): when the network heals, the old primary
     /// — still writable, semi-sync on — is fenced although that commit holds `read_only` back
