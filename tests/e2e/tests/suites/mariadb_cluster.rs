@@ -11,10 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
+use kube::runtime::watcher;
 use policy_host::decide::Limits;
 use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
@@ -890,6 +892,48 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
             }
         });
         cluster.first_writes(&old_ip).await?;
+        // The order in which the servers' Pods went, in the API server's order (a watch): a
+        // poll that sees two go between two looks cannot tell which went first.
+        let restarted = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (listed, watching) = tokio::sync::oneshot::channel();
+        let pod_watch = tokio::spawn({
+            let (pods, restarted) = (cluster.pods.clone(), restarted.clone());
+            let first: Vec<(String, Option<String>)> =
+                servers.iter().cloned().zip(first_uids.iter().cloned()).collect();
+            async move {
+                let mut listed = Some(listed);
+                let mut events = std::pin::pin!(watcher(pods, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    let (pod, deleted) = match event {
+                        Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                            (pod, false)
+                        }
+                        Ok(watcher::Event::Delete(pod)) => (pod, true),
+                        Ok(watcher::Event::InitDone) => {
+                            if let Some(listed) = listed.take() {
+                                let _ = listed.send(());
+                            }
+                            continue;
+                        }
+                        Ok(watcher::Event::Init) | Err(_) => continue,
+                    };
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let gone = first.iter().any(|(server, uid)| {
+                        *server == name
+                            && (deleted
+                                || pod.metadata.deletion_timestamp.is_some()
+                                || pod.metadata.uid != *uid)
+                    });
+                    let mut order = restarted.lock().unwrap_or_else(|p| p.into_inner());
+                    if gone && !order.contains(&name) {
+                        order.push(name);
+                    }
+                }
+            }
+        });
+        watching
+            .await
+            .map_err(|_| anyhow::anyhow!("the watch on the Pods ended before it listed them"))?;
         let asked = Instant::now();
         cluster
             .clusters
@@ -899,8 +943,6 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
                 &Patch::Merge(serde_json::json!({"spec": {"config": {"max_connections": "321"}}})),
             )
             .await?;
-        // The order in which the servers' Pods were replaced, as seen every 200 ms.
-        let restarted = Mutex::new(Vec::<String>::new());
         let rolled = eventually(
             "every server restarted with max_connections 321 and the cluster Healthy",
             CREATED,
@@ -910,11 +952,6 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
                 for (server, first_uid) in servers.iter().zip(&first_uids) {
                     let pod = cluster.pods.get_opt(server).await.map_err(|e| e.to_string())?;
                     let replaced = pod.as_ref().is_none_or(|p| p.metadata.uid != *first_uid);
-                    let mut order = restarted.lock().map_err(|e| e.to_string())?;
-                    if replaced && !order.contains(server) {
-                        order.push(server.clone());
-                    }
-                    drop(order);
                     let ip = pod
                         .as_ref()
                         .filter(|p| pod_ready(p))
@@ -956,6 +993,7 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
         let writes = writer
             .join()
             .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+        pod_watch.abort();
         let new = rolled?;
         let order = restarted.lock().map(|o| o.clone()).unwrap_or_default();
         eprintln!(
