@@ -22,7 +22,7 @@
 //!   containers that upload snapshots to an S3-compatible store and download one for a
 //!   restore ([`children::object_store`]).
 //! - [`pod_steps`] — what the one-shot containers of a backup or restore Pod report.
-//! - [`schedule`] — the backup schedule: durations, times, when a snapshot is due.
+//! - [`schedule`] — the backup schedule (the SDK's: durations, times, when a snapshot is due).
 //! - [`reconcile`] — the decisions, and the status conditions they report.
 //! - [`metrics`] — the domain metrics each decision reports (members, leader, backups).
 
@@ -33,7 +33,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod pod_steps;
 pub mod reconcile;
-pub mod schedule;
+pub use policy_host_sdk::schedule;
 pub mod spec;
 
 /// The contract types (observation, decision, ...), which are the SDK's; kept under this

@@ -1,6 +1,7 @@
 //! Names and JSON of what the plugin creates: one Pod and one claim per server, the server
 //! configuration (a ConfigMap), the Services `<name>-primary`, `<name>-replicas` and
-//! `<name>-headless`, and a PodDisruptionBudget.
+//! `<name>-headless`, a PodDisruptionBudget, and with backups the claim `<name>-backups` and
+//! the Pod `<name>-backup` that takes one.
 
 use policy_host_sdk::children::{
     Container, Pod, child_object, claim, config_map_kind, disruption_budget, headless_service,
@@ -45,6 +46,8 @@ pub const CHILD_NAMES: &[ChildName] = &[
     ChildName::dns_label("Pod", "{name}-8"),
     ChildName::object("PersistentVolumeClaim", "data-{name}-8"),
     ChildName::object("ConfigMap", "{name}-config"),
+    ChildName::object("Pod", "{name}-backup"),
+    ChildName::object("PersistentVolumeClaim", "{name}-backups"),
     ChildName::label_value(INSTANCE_LABEL, "{name}"),
 ];
 
@@ -188,6 +191,22 @@ pub fn donor(parent: &str) -> String {
     format!("{parent}-primary")
 }
 
+/// How a server's seed step fills an empty data directory: from the donor, or, for the first
+/// server of a cluster restored from a backup while no donor answers, from that backup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seed {
+    /// The donor: the primary's Service ([`donor`]).
+    pub donor: String,
+    /// The backup, as `<claim>/<file>` ([`RESTORE_ANNOTATION`]).
+    pub restore: Option<String>,
+}
+
+/// The annotation on a server Pod created to restore a backup: `<claim>/<file>`.
+pub const RESTORE_ANNOTATION: &str = "mariadb.policy-host.io/restore-from";
+
+/// Where the seed step finds the backup claim.
+const RESTORE_MOUNT: &str = "/restore";
+
 /// The seed step, an init container on the server's image: on an empty data directory it dumps
 /// every database of the donor (`mariadb-dump --single-transaction --gtid`, one consistent
 /// snapshot and the GTID it ends at) into the directory the image's entrypoint loads when it
@@ -203,6 +222,18 @@ if [ -d /var/lib/mysql/mysql ]; then
   exit 0
 fi
 if ! mariadb --connect-timeout=5 -h "$DONOR" -u root -e "SELECT 1" >/dev/null 2>"$seed/dump.err"; then
+  if [ -n "${RESTORE_FILE:-}" ]; then
+    # The first server of a restored cluster: the backup, loaded without the binlog (the
+    # other servers copy this one once it is the primary).
+    if [ ! -f "$RESTORE_FILE" ]; then
+      echo "seed: the backup $RESTORE_FILE is not on the claim; fix spec.restore" >&2
+      exit 1
+    fi
+    { echo "SET SESSION sql_log_bin = 0;"; cat "$RESTORE_FILE"; } >"$seed/seed.sql"
+    rm -f "$seed"/dump.*
+    echo "seed: restoring $RESTORE_FILE" >&2
+    exit 0
+  fi
   echo "seed: no donor answers at $DONOR ($(head -c 300 "$seed/dump.err")): starting empty" >&2
   rm -f "$seed"/dump.*
   exit 0
@@ -229,14 +260,15 @@ echo "seed: copied from $DONOR at GTID $pos" >&2
 const INIT_FILES: &str = "/docker-entrypoint-initdb.d";
 
 /// A server Pod: `image` and `config_revision` are the ones it was created with (a change of
-/// either is a restart, by the rolling update), and so is `seed_from` (the seed step's donor,
-/// [`SEED_ANNOTATION`]); the role label is the only field that moves.
+/// either is a restart, by the rolling update), and so is `seed` (the seed step's donor,
+/// [`SEED_ANNOTATION`], and backup, [`RESTORE_ANNOTATION`]); the role label is the only field
+/// that moves.
 pub fn server_pod(
     parent: &str,
     pod: &str,
     image: &str,
     config_revision: &str,
-    seed_from: Option<&str>,
+    seed: Option<&Seed>,
     role: Role,
     spec: &MariaDBClusterSpec,
 ) -> Value {
@@ -260,7 +292,7 @@ pub fn server_pod(
         .mount("data", "/var/lib/mysql")
         .mount("config", "/etc/mysql/conf.d")
         .ready_on_tcp(MYSQL_PORT_NAME);
-    if seed_from.is_some() {
+    if seed.is_some() {
         container = container.mount("seed", INIT_FILES);
     }
     if let Some(resources) = &spec.resources {
@@ -277,27 +309,174 @@ pub fn server_pod(
         .claim_volume("data", &claim_name(pod))
         .container(container)
         .spec_field("terminationGracePeriodSeconds", json!(30));
-    if let Some(donor) = seed_from {
+    let mut restore_claim = None;
+    if let Some(seed) = seed {
         // The root password reaches mariadb-dump through its environment (MYSQL_PWD), never
         // its command line.
-        let seed = Container::new("seed", image)
+        let mut step = Container::new("seed", image)
             .field("command", json!(["sh", "-c", SEED_SCRIPT]))
-            .env("DONOR", donor)
+            .env("DONOR", &seed.donor)
             .env_from_secret("MYSQL_PWD", secret, "root-password")
             .mount("data", "/var/lib/mysql")
-            .mount("seed", INIT_FILES)
-            .build();
+            .mount("seed", INIT_FILES);
+        built = built.annotation(SEED_ANNOTATION, &seed.donor);
+        if let Some((claim, file)) = seed.restore.as_deref().and_then(|r| r.split_once('/')) {
+            step = step
+                .env("RESTORE_FILE", &format!("{RESTORE_MOUNT}/{file}"))
+                .mount("restore", RESTORE_MOUNT);
+            built = built.annotation(RESTORE_ANNOTATION, &format!("{claim}/{file}"));
+            restore_claim = Some(claim.to_owned());
+        }
         built = built
-            .annotation(SEED_ANNOTATION, donor)
             .empty_dir_volume("seed")
-            .spec_field("initContainers", json!([seed]));
+            .spec_field("initContainers", json!([step.build()]));
     }
     let mut built = built.build();
-    // The ConfigMap volume: not among the SDK's builders.
+    // The ConfigMap volume, and the backup claim read-only: not among the SDK's builders.
     if let Some(volumes) = built["spec"]["volumes"].as_array_mut() {
         volumes.push(json!({ "name": "config", "configMap": { "name": config_name(parent) } }));
+        if let Some(claim) = restore_claim {
+            volumes.push(json!({
+                "name": "restore",
+                "persistentVolumeClaim": { "claimName": claim, "readOnly": true }
+            }));
+        }
     }
     built
+}
+
+/// The claim backups are kept on.
+pub fn backups_claim_name(parent: &str) -> String {
+    format!("{parent}-backups")
+}
+
+/// The Pod taking a backup (one at a time).
+pub fn backup_pod_name(parent: &str) -> String {
+    format!("{parent}-backup")
+}
+
+/// The container of the backup Pod, whose termination message is the result.
+pub const BACKUP_CONTAINER: &str = "backup";
+
+/// The annotation on the backup Pod saying what it is for: `trigger:<value>` or
+/// `scheduled:<due time>`.
+pub const BACKUP_REASON_ANNOTATION: &str = "mariadb.policy-host.io/backup-for";
+
+/// The annotation on the backup Pod saying when it was created (RFC 3339): its file's time,
+/// and the start of its deadline.
+pub const BACKUP_STARTED_ANNOTATION: &str = "mariadb.policy-host.io/backup-started";
+
+/// The backup claim.
+pub fn backups_claim(parent: &str, spec: &MariaDBClusterSpec) -> Option<Value> {
+    let backup = spec.backup.as_ref()?;
+    let mut built = claim(
+        &backups_claim_name(parent),
+        &backup.storage.size,
+        backup.storage.storage_class_name.as_deref(),
+    );
+    built["metadata"]["labels"] = json!({ INSTANCE_LABEL: parent });
+    Some(built)
+}
+
+/// The backup step, on the servers' image: dumps every database but MariaDB's own from the
+/// primary (one consistent snapshot, `--single-transaction`, with the GTID it ends at), loads
+/// the dump into a throwaway server in the Pod to prove it restores (a failed load fails the
+/// backup) and counts what it holds, then moves it into place on the claim and removes the
+/// oldest beyond `KEEP`. Its result, or why it failed, is its termination message: `file=…
+/// gtid=… bytes=… tables=… rows=…`.
+pub const BACKUP_SCRIPT: &str = r#"set -u
+fail() {
+  echo "backup: $1" >&2
+  printf 'failed: %s' "$1" | head -c 3000 >/dev/termination-log
+  exit 1
+}
+dir=/backups
+part="$dir/.$FILE.part"
+system="'mysql','information_schema','performance_schema','sys'"
+dbs=$(mariadb --connect-timeout=10 -h "$SOURCE" -u root -N -B \
+  -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name NOT IN ($system)" 2>/tmp/err) \
+  || fail "cannot ask $SOURCE which databases it holds: $(head -c 500 /tmp/err)"
+if [ -n "$dbs" ]; then
+  # One word per database (names of letters, digits, `_` and `$`, as MariaDB allows unquoted).
+  # shellcheck disable=SC2086
+  mariadb-dump -h "$SOURCE" -u root --single-transaction --gtid --master-data=2 \
+    --routines --events --triggers --databases $dbs >"$part" 2>/tmp/err \
+    || fail "mariadb-dump from $SOURCE failed: $(head -c 500 /tmp/err)"
+  gtid=$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([^']*\)';.*/\1/p" "$part" | head -n 1)
+else
+  gtid=$(mariadb -h "$SOURCE" -u root -N -B -e "SELECT @@gtid_binlog_pos" 2>/tmp/err) \
+    || fail "cannot ask $SOURCE its position: $(head -c 500 /tmp/err)"
+  echo "-- no database besides MariaDB's own on $SOURCE" >"$part"
+fi
+# The proof: a throwaway server on a scratch directory loads the dump.
+verify=/tmp/verify
+as_user=
+if [ "$(id -u)" = 0 ]; then
+  as_user=--user=root
+fi
+mariadb-install-db --datadir="$verify" $as_user --skip-test-db --skip-name-resolve --skip-log-bin \
+  >/tmp/err 2>&1 \
+  || fail "cannot initialise the server that proves the backup: $(tail -c 500 /tmp/err)"
+sock=/tmp/verify.sock
+mariadbd --datadir="$verify" --socket="$sock" --skip-networking --skip-log-bin --skip-grant-tables \
+  $as_user >/tmp/verify.log 2>&1 &
+server=$!
+tries=0
+until mariadb --socket="$sock" -u root -e "SELECT 1" >/dev/null 2>&1; do
+  tries=$((tries + 1))
+  [ "$tries" -le 300 ] || fail "the server that proves the backup did not start: $(tail -c 500 /tmp/verify.log)"
+  sleep 0.2
+done
+mariadb --socket="$sock" -u root <"$part" 2>/tmp/err \
+  || fail "the dump does not load into a fresh server: $(head -c 500 /tmp/err)"
+tables=0
+rows=0
+list="SELECT CONCAT(table_schema, '.', table_name) FROM information_schema.tables WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ($system)"
+for table in $(mariadb --socket="$sock" -u root -N -B -e "$list"); do
+  count=$(mariadb --socket="$sock" -u root -N -B -e "SELECT COUNT(*) FROM $table") \
+    || fail "the loaded copy cannot count $table"
+  tables=$((tables + 1))
+  rows=$((rows + count))
+done
+kill "$server"
+wait "$server" 2>/dev/null
+bytes=$(stat -c %s "$part")
+mv "$part" "$dir/$FILE" || fail "cannot move the backup into place on the claim"
+# The newest KEEP backups of this cluster stay.
+ls -1t "$dir"/"$PREFIX"-*.sql 2>/dev/null | tail -n +$((KEEP + 1)) | xargs -r rm -f
+printf 'file=%s gtid=%s bytes=%s tables=%s rows=%s' "$FILE" "$gtid" "$bytes" "$tables" "$rows" \
+  >/dev/termination-log
+echo "backup: $FILE proven ($tables tables, $rows rows, $bytes bytes, GTID $gtid)" >&2
+"#;
+
+/// The Pod taking one backup into `file` on the claim, for `reason`
+/// ([`BACKUP_REASON_ANNOTATION`]), created at `started` ([`BACKUP_STARTED_ANNOTATION`]); it
+/// runs once (`restartPolicy: Never`).
+pub fn backup_pod(
+    parent: &str,
+    image: &str,
+    file: &str,
+    reason: &str,
+    started: &str,
+    spec: &MariaDBClusterSpec,
+) -> Value {
+    let keep = spec.backup.as_ref().map_or(1, |b| b.keep);
+    let step = Container::new(BACKUP_CONTAINER, image)
+        .field("command", json!(["sh", "-c", BACKUP_SCRIPT]))
+        .env("SOURCE", &donor(parent))
+        .env("FILE", file)
+        .env("PREFIX", parent)
+        .env("KEEP", &keep.to_string())
+        .env_from_secret("MYSQL_PWD", &spec.secret(parent), "root-password")
+        .mount("backups", "/backups");
+    Pod::new(&backup_pod_name(parent))
+        .label(INSTANCE_LABEL, parent)
+        .annotation(BACKUP_REASON_ANNOTATION, reason)
+        .annotation(BACKUP_STARTED_ANNOTATION, started)
+        .claim_volume("backups", &backups_claim_name(parent))
+        .container(step)
+        .spec_field("restartPolicy", json!("Never"))
+        .build()
 }
 
 /// Server `pod`'s claim.
@@ -385,7 +564,10 @@ mod tests {
             "db-3",
             "mariadb:10.11",
             "r1",
-            Some(&donor("db")),
+            Some(&Seed {
+                donor: donor("db"),
+                restore: None,
+            }),
             Role::Replica,
             &spec,
         );
@@ -393,6 +575,7 @@ mod tests {
             pod["metadata"]["annotations"][SEED_ANNOTATION],
             "db-primary"
         );
+        assert!(pod["metadata"]["annotations"].get(RESTORE_ANNOTATION).is_none());
         let seed = &pod["spec"]["initContainers"][0];
         assert_eq!(seed["image"], "mariadb:10.11");
         assert_eq!(seed["command"][2], SEED_SCRIPT);
@@ -426,6 +609,73 @@ mod tests {
                 .get(SEED_ANNOTATION)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_restoring_server_pod_mounts_the_backup_claim_read_only_and_names_the_file() {
+        let spec = MariaDBClusterSpec::default();
+        let seed = Seed {
+            donor: donor("db"),
+            restore: Some("old-backups/old-20261128T232500Z.sql".into()),
+        };
+        let pod = server_pod("db", "db-0", "mariadb:10.11", "r1", Some(&seed), Role::Replica, &spec);
+        assert_eq!(
+            pod["metadata"]["annotations"][RESTORE_ANNOTATION],
+            "old-backups/old-20261128T232500Z.sql"
+        );
+        let step = &pod["spec"]["initContainers"][0];
+        assert!(
+            step["env"]
+                .to_string()
+                .contains("/restore/old-20261128T232500Z.sql")
+        );
+        assert!(step["volumeMounts"].to_string().contains(RESTORE_MOUNT));
+        let volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+        let restore = volumes
+            .iter()
+            .find(|v| v["name"] == "restore")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            restore["persistentVolumeClaim"],
+            json!({"claimName": "old-backups", "readOnly": true})
+        );
+        assert!(SEED_SCRIPT.contains("RESTORE_FILE"));
+    }
+
+    #[test]
+    fn the_backup_pod_runs_once_on_the_claim_with_the_password_by_reference() {
+        let spec = MariaDBClusterSpec {
+            backup: Some(crate::spec::Backup {
+                every: None,
+                trigger: Some("t".into()),
+                keep: 4,
+                storage: Default::default(),
+            }),
+            ..MariaDBClusterSpec::default()
+        };
+        let pod = backup_pod(
+            "db",
+            "mariadb:10.11",
+            "db-1.sql",
+            "trigger:t",
+            "2026-11-28T23:25:00Z",
+            &spec,
+        );
+        assert_eq!(pod["spec"]["restartPolicy"], "Never");
+        let container = &pod["spec"]["containers"][0];
+        assert_eq!(container["name"], BACKUP_CONTAINER);
+        let env = container["env"].to_string();
+        for wanted in ["db-primary", "db-1.sql", "\"KEEP\"", "db-credentials"] {
+            assert!(env.contains(wanted), "{wanted} in {env}");
+        }
+        assert!(!BACKUP_SCRIPT.contains("password"), "no password on a command line");
+        assert!(pod["spec"]["volumes"].to_string().contains("db-backups"));
+        assert_eq!(
+            backups_claim("db", &spec).map(|c| c["metadata"]["name"].clone()),
+            Some(json!("db-backups"))
+        );
+        assert!(backups_claim("db", &MariaDBClusterSpec::default()).is_none());
     }
 
     #[test]

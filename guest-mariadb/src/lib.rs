@@ -13,12 +13,14 @@
 //! - [`probe`] — what each server is asked, and its answer as facts.
 //! - [`credentials`] — the passwords, from the host's credential call.
 //! - [`children`] — the Pods, claims, Services, budget and server configuration.
+//! - [`backup`] — backups: when one is due, the Pod that takes it, its result in status.
 //! - [`reconcile`] — the decisions (pure; table-tested natively).
 //! - [`metrics`] — the domain metrics each decision reports (failovers, errant replicas, lag).
 //!
 //! This file is the only one that talks to the servers: it gathers [`reconcile::Facts`]
 //! through sessions and carries out the [`reconcile::Plan`]'s commands.
 
+pub mod backup;
 pub mod children;
 pub mod credentials;
 pub mod gtid;
@@ -159,7 +161,24 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
         .and_then(|s| s.current_primary.clone());
     let mut pods = observation.pods()?;
     pods.sort_by_key(|pod| recorded_primary.as_deref() == Some(pod.name.as_str()));
+    let mut backup_pod = None;
     for pod in pods {
+        if pod.name == children::backup_pod_name(&name) {
+            backup_pod = Some(backup::BackupPod {
+                phase: pod.phase.clone(),
+                terminating: pod.terminating,
+                reason: pod
+                    .annotation(children::BACKUP_REASON_ANNOTATION)
+                    .map(str::to_owned),
+                started: pod
+                    .annotation(children::BACKUP_STARTED_ANNOTATION)
+                    .map(str::to_owned),
+                message: pod
+                    .termination_message(children::BACKUP_CONTAINER)
+                    .map(str::to_owned),
+            });
+            continue;
+        }
         if children::ordinal(&name, &pod.name).is_none() {
             continue;
         }
@@ -194,7 +213,14 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
             config_revision: pod
                 .annotation(children::CONFIG_REVISION_ANNOTATION)
                 .map_or_else(children::base_config_revision, str::to_owned),
-            seed_from: pod.annotation(children::SEED_ANNOTATION).map(str::to_owned),
+            seed: pod
+                .annotation(children::SEED_ANNOTATION)
+                .map(|donor| children::Seed {
+                    donor: donor.to_owned(),
+                    restore: pod
+                        .annotation(children::RESTORE_ANNOTATION)
+                        .map(str::to_owned),
+                }),
             pod: state,
             probe,
         });
@@ -212,6 +238,7 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
         servers,
         credentials_unavailable: credentials.as_ref().err().map(|e| e.to_string()),
         now: observation.now,
+        backup_pod,
         name,
     };
     Ok(Gathered {

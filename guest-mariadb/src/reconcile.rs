@@ -84,8 +84,9 @@ pub struct Server {
     /// The configuration revision the Pod was created with
     /// ([`children::CONFIG_REVISION_ANNOTATION`]).
     pub config_revision: String,
-    /// The donor of its seed step, if it was created with one ([`children::SEED_ANNOTATION`]).
-    pub seed_from: Option<String>,
+    /// Its seed step's donor and backup, if it was created with one
+    /// ([`children::SEED_ANNOTATION`], [`children::RESTORE_ANNOTATION`]).
+    pub seed: Option<children::Seed>,
     /// The Pod's state.
     pub pod: PodState,
     /// Its answer, or why there is none.
@@ -121,6 +122,8 @@ pub struct Facts {
     pub credentials_unavailable: Option<String>,
     /// The observation's time.
     pub now: Timestamp,
+    /// The Pod taking a backup, if there is one.
+    pub backup_pod: Option<crate::backup::BackupPod>,
 }
 
 /// A command for one server; each is idempotent, or checked before it is sent.
@@ -332,6 +335,27 @@ pub fn decide(facts: &Facts) -> Plan {
 
     actions.extend(children_actions(facts, &verdict, &errant));
     actions.extend(events);
+    if let Some(primary) = verdict.primary.as_deref()
+        && status.restored_from.is_none()
+        && let Some(restored) = server(facts, primary)
+            .and_then(|s| s.seed.as_ref())
+            .and_then(|seed| seed.restore.clone())
+    {
+        actions.push(Action::RecordEvent(Event::normal(
+            "Restored",
+            format!("{primary} holds the backup {restored} and takes writes; the other servers copy it from there"),
+        )));
+        status.restored_from = Some(restored);
+    }
+    let backups = crate::backup::plan(
+        &facts.name,
+        &facts.spec,
+        facts.backup_pod.as_ref(),
+        &mut status.backup,
+        facts.now,
+        verdict.phase == "Healthy" && primary_probe.is_some_and(|p| !p.read_only),
+    );
+    actions.extend(backups.actions);
 
     // Status.
     let ready = record_servers(facts, &mut status, verdict.primary.as_deref(), &errant);
@@ -462,11 +486,14 @@ pub fn decide(facts: &Facts) -> Plan {
         metrics,
         commands,
         actions,
-        requeue_after_ms: Some(if converged {
-            REQUEUE_STEADY_MS
-        } else {
-            verdict.requeue_ms.min(REQUEUE_BUSY_MS)
-        }),
+        requeue_after_ms: Some(
+            if converged {
+                REQUEUE_STEADY_MS
+            } else {
+                verdict.requeue_ms.min(REQUEUE_BUSY_MS)
+            }
+            .min(backups.requeue_ms.unwrap_or(u64::MAX)),
+        ),
     }
 }
 
@@ -1327,7 +1354,7 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
                 &s.name,
                 &s.image,
                 &s.config_revision,
-                s.seed_from.as_deref(),
+                s.seed.as_ref(),
                 role(&s.name),
                 &facts.spec,
             ))),
@@ -1335,12 +1362,16 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
     }
     for name in &wanted {
         if server(facts, name).is_none() {
+            let seed = children::Seed {
+                donor: children::donor(&facts.name),
+                restore: restore_into(facts, primary, name),
+            };
             actions.push(Action::Apply(children::server_pod(
                 &facts.name,
                 name,
                 &facts.spec.image(),
                 &children::config_revision(&facts.spec),
-                Some(&children::donor(&facts.name)),
+                Some(&seed),
                 role(name),
                 &facts.spec,
             )));
@@ -1349,10 +1380,29 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
     actions
 }
 
+/// Whether the cluster is still to be restored from `spec.restore`: it never had a primary.
+fn restoring(facts: &Facts, primary: Option<&str>) -> bool {
+    facts.spec.restore.is_some() && primary.is_none() && facts.status.current_primary.is_none()
+}
+
+/// The backup (`<claim>/<file>`) a new server `name` loads: the first server's, while the
+/// cluster is being restored; the others copy it from there once it is the primary.
+fn restore_into(facts: &Facts, primary: Option<&str>, name: &str) -> Option<String> {
+    let restore = facts.spec.restore.as_ref()?;
+    (restoring(facts, primary) && name == children::pod_name(&facts.name, 0))
+        .then(|| format!("{}/{}", restore.claim, restore.file))
+}
+
 /// The servers wanted: the primary, and the lowest ordinals besides it up to `spec.replicas`
 /// replicas (a primary at a high ordinal survives a scale-down; the replicas go).
 fn wanted_servers(facts: &Facts, primary: Option<&str>) -> Vec<String> {
-    let replicas = usize::try_from(facts.spec.replicas).unwrap_or(0);
+    // A restore: the first server alone until it holds the backup and is the primary (its
+    // load is not in its binlog, so the others must copy it, not replicate it).
+    let replicas = if restoring(facts, primary) {
+        0
+    } else {
+        usize::try_from(facts.spec.replicas).unwrap_or(0)
+    };
     let mut wanted: Vec<String> = primary.map(str::to_owned).into_iter().collect();
     wanted.extend(
         (0..=children::MAX_ORDINAL)
@@ -1431,7 +1481,7 @@ mod tests {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
-            seed_from: None,
+            seed: None,
             pod: PodState::Running { ready: true },
             probe: Ok(probe),
         }
@@ -1532,7 +1582,7 @@ mod tests {
             name: name(ordinal),
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
-            seed_from: None,
+            seed: None,
             pod,
             probe: Err("unreachable".into()),
         }
@@ -1564,6 +1614,7 @@ mod tests {
             servers,
             credentials_unavailable: None,
             now: NOW,
+            backup_pod: None,
         }
     }
 
@@ -2454,6 +2505,115 @@ mod tests {
         ] {
             assert!(applied.iter().any(|a| a == want), "{want} in {applied:?}");
         }
+    }
+
+    fn applied_pods(plan: &Plan) -> Vec<serde_json::Value> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Apply(o) if o["kind"] == "Pod" => Some(o.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_restored_cluster_starts_its_first_server_alone_from_the_backup_then_the_others_copy_it() {
+        let restore = crate::spec::Restore {
+            claim: "old-backups".into(),
+            file: "old-1.sql".into(),
+        };
+        let mut new = facts(None, 2, vec![]);
+        new.spec.restore = Some(restore.clone());
+        let plan = decide(&new);
+        let pods = applied_pods(&plan);
+        assert_eq!(pods.len(), 1, "the first server alone: {pods:?}");
+        assert_eq!(pods[0]["metadata"]["name"], "db-0");
+        assert_eq!(
+            pods[0]["metadata"]["annotations"][children::RESTORE_ANNOTATION],
+            "old-backups/old-1.sql"
+        );
+
+        // It answers, holding the backup: elected, recorded, and the replicas follow, copying
+        // it from the primary (not from the backup).
+        let mut loaded = fresh(0);
+        loaded.seed = Some(children::Seed {
+            donor: children::donor("db"),
+            restore: Some("old-backups/old-1.sql".into()),
+        });
+        let mut answered = facts(None, 2, vec![loaded.clone()]);
+        answered.spec.restore = Some(restore.clone());
+        let plan = decide(&answered);
+        assert_eq!(plan.commands, vec![promote_unlinked(0)]);
+        let status = written_status(&plan);
+        assert_eq!(status["restoredFrom"], "old-backups/old-1.sql");
+        assert!(plan.actions.iter().any(
+            |a| matches!(a, Action::RecordEvent(e) if e.reason == "Restored")
+        ));
+        let mut primary_now = facts(Some(0), 2, vec![primary(0, "")]);
+        primary_now.servers[0].seed = loaded.seed.clone();
+        primary_now.spec.restore = Some(restore);
+        primary_now.status.restored_from = Some("old-backups/old-1.sql".into());
+        let pods = applied_pods(&decide(&primary_now));
+        let names: Vec<&str> = pods
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["db-0", "db-1", "db-2"]);
+        for replica in &pods[1..] {
+            assert!(
+                replica["metadata"]["annotations"]
+                    .get(children::RESTORE_ANNOTATION)
+                    .is_none(),
+                "a replica copies the primary: {replica}"
+            );
+        }
+        assert_eq!(
+            pods[0]["metadata"]["annotations"][children::RESTORE_ANNOTATION],
+            "old-backups/old-1.sql",
+            "the restored server keeps the Pod it was created with"
+        );
+    }
+
+    #[test]
+    fn a_backup_is_started_only_while_a_writable_primary_is_healthy() {
+        let backup = crate::spec::Backup {
+            every: None,
+            trigger: Some("now".into()),
+            keep: 3,
+            storage: crate::spec::Storage::default(),
+        };
+        let mut healthy = facts(
+            Some(0),
+            2,
+            vec![primary(0, "0-1-10"), replica(1, 0, "0-1-10"), replica(2, 0, "0-1-10")],
+        );
+        healthy.spec.backup = Some(backup.clone());
+        let plan = decide(&healthy);
+        assert!(
+            applied_pods(&plan)
+                .iter()
+                .any(|p| p["metadata"]["name"] == "db-backup"),
+            "a backup Pod"
+        );
+
+        let mut lost = facts(
+            Some(0),
+            2,
+            vec![
+                silent(0, PodState::Ended),
+                replica(1, 0, "0-1-10"),
+                replica(2, 0, "0-1-10"),
+            ],
+        );
+        lost.spec.backup = Some(backup);
+        let plan = decide(&lost);
+        assert!(
+            applied_pods(&plan)
+                .iter()
+                .all(|p| p["metadata"]["name"] != "db-backup"),
+            "no backup while the primary is lost"
+        );
     }
 
     fn condition(plan: &Plan, kind: &str) -> serde_json::Value {

@@ -121,6 +121,63 @@ pub struct MariaDBClusterSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 64))]
     pub config: BTreeMap<String, String>,
+    /// Backups: a logical dump of every database but MariaDB's own (`mariadb-dump
+    /// --single-transaction --gtid` from the primary), each loaded into a throwaway server to
+    /// prove it restores before it is listed in `status.backup`, kept on the claim
+    /// `<name>-backups`. Unset: none are taken (the claim and its files stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<Backup>,
+    /// Start a new cluster from a backup: its first server loads the file before it takes
+    /// writes, and the other servers copy it from there. Read only while the cluster has never
+    /// had a primary; leaving it set afterwards changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Restore>,
+}
+
+fn default_keep() -> i32 {
+    3
+}
+
+/// When to take backups and how many to keep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Backup {
+    /// Take one every this long (`6h`, `30m`, `1h30m`): the first at once, the next `every`
+    /// after the previous was due; a period missed while the cluster had no primary is
+    /// skipped, not caught up. Unset: none on a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub every: Option<String>,
+    /// Change this to any new value to take one backup now (`kubectl patch … -p
+    /// '{"spec":{"backup":{"trigger":"before-upgrade"}}}'`). The last value carried out is
+    /// `status.backup.lastTrigger`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub trigger: Option<String>,
+    /// How many backups the claim keeps (1..30): the oldest file goes when a newer one is
+    /// proven.
+    #[serde(default = "default_keep")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= 1 && self <= 30",
+        "message": "spec.backup.keep must be 1 to 30"
+    }]))]
+    pub keep: i32,
+    /// The claim `<name>-backups`; size it for `keep` dumps.
+    #[serde(default)]
+    pub storage: Storage,
+}
+
+/// The backup a new cluster starts from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Restore {
+    /// The claim holding the backup, in this namespace: another cluster's `<name>-backups`.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim: String,
+    /// The backup's file on that claim, as `status.backup.backups[].file` lists it
+    /// (`<name>-20261128T232500Z.sql`).
+    #[schemars(length(min = 1, max = 253))]
+    pub file: String,
 }
 
 /// Server options the plugin sets itself (see [`crate::children::SERVER_CONFIG`]) or that
@@ -213,6 +270,8 @@ impl Default for MariaDBClusterSpec {
             storage: Storage::default(),
             resources: None,
             config: BTreeMap::new(),
+            backup: None,
+            restore: None,
         }
     }
 }
@@ -247,11 +306,49 @@ impl MariaDBClusterSpec {
                 self.version
             ));
         }
+        if let Some(backup) = &self.backup {
+            if let Some(every) = &backup.every
+                && policy_host_sdk::schedule::parse_duration(every).is_none()
+            {
+                return Some(format!(
+                    "spec.backup.every `{every}` is not a duration like 6h, 30m or 1h30m; fix it or remove it"
+                ));
+            }
+            if !(1..=MAX_BACKUPS_KEPT).contains(&backup.keep) {
+                return Some(format!(
+                    "spec.backup.keep is {}; keep 1 to {MAX_BACKUPS_KEPT} backups",
+                    backup.keep
+                ));
+            }
+        }
+        if let Some(restore) = &self.restore {
+            let file_ok = restore.file.ends_with(".sql")
+                && restore
+                    .file
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && !restore.file.starts_with('.');
+            if !file_ok {
+                return Some(format!(
+                    "spec.restore.file `{}` is not a backup file name (letters, digits, `-`, `_`, `.`, ending in .sql, as status.backup.backups[].file lists it); fix it",
+                    restore.file
+                ));
+            }
+            if !policy_host_sdk::names::NameRule::Dns1123Subdomain.accepts(&restore.claim) {
+                return Some(format!(
+                    "spec.restore.claim `{}` is not a claim name; name the claim holding the backup (another cluster's `<name>-backups`)",
+                    restore.claim
+                ));
+            }
+        }
         self.config
             .iter()
             .find_map(|(key, value)| invalid_option(key, value))
     }
 }
+
+/// Most backups one cluster keeps.
+pub const MAX_BACKUPS_KEPT: i32 = 30;
 
 /// Why `key: value` cannot go into the server configuration, naming the field to fix.
 fn invalid_option(key: &str, value: &str) -> Option<String> {
@@ -311,6 +408,54 @@ pub struct ReplicaState {
     pub gtid_io_pos: String,
 }
 
+/// One backup on the claim, proven to restore.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRecord {
+    /// The file on the claim `<name>-backups`: what `spec.restore.file` names.
+    pub file: String,
+    /// When it was taken (RFC 3339).
+    #[serde(default)]
+    pub taken_at: String,
+    /// The GTID position it ends at (`@@gtid_binlog_pos` of its consistent snapshot).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gtid: String,
+    /// Its size in bytes.
+    #[serde(default)]
+    pub bytes: i64,
+    /// Tables and rows the throwaway server held after loading it.
+    #[serde(default)]
+    pub tables: i64,
+    /// See `tables`.
+    #[serde(default)]
+    pub rows: i64,
+    /// What it was taken for: `trigger:<value>` or `scheduled`.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// What the plugin knows of the backups, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The backups kept on the claim, newest first.
+    #[serde(default)]
+    pub backups: Vec<BackupRecord>,
+    /// The last `spec.backup.trigger` carried out (taken, or failed: set a new value to try
+    /// again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_trigger: Option<String>,
+    /// When the last scheduled backup was due (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_time: Option<String>,
+    /// When the next scheduled backup is due (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scheduled_time: Option<String>,
+    /// Why the last backup failed, if it did (cleared by the next that succeeds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+}
+
 /// Observed state, written by the plugin.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -338,6 +483,12 @@ pub struct MariaDBClusterStatus {
     /// `Creating`, `Healthy`, `FailingOver`, `SwitchingOver`, `Degraded` or `Paused`.
     #[serde(default)]
     pub phase: String,
+    /// Backups taken and proven, and the schedule's state; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+    /// The backup this cluster started from (`<claim>/<file>`), once its first primary holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

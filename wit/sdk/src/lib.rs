@@ -46,6 +46,7 @@
 //!   of the Pod, Service, PersistentVolumeClaim and PodDisruptionBudget of a stateful app.
 //! - [`desired`] — the children wanted now, as applies plus deletes of the owned rest.
 //! - [`conditions`] — status conditions that keep `lastTransitionTime`.
+//! - [`schedule`] — durations and RFC 3339 times: when a scheduled run (a backup) is due.
 //! - [`names`] — whether the child names derived from the parent's name are valid.
 //! - [`app_call`] — the client for the one way out of the sandbox.
 //! - [`session`] — one TCP connection held for a conversation (server-first greetings,
@@ -72,6 +73,7 @@ pub mod metrics;
 pub mod names;
 pub mod observation;
 pub mod pods;
+pub mod schedule;
 pub mod session;
 pub mod testing;
 

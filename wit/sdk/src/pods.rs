@@ -116,6 +116,13 @@ struct ContainerStatusFields {
 struct StateFields {
     waiting: Option<WaitingFields>,
     running: Option<RunningFields>,
+    terminated: Option<TerminatedFields>,
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(default, rename_all = "camelCase")]
+struct TerminatedFields {
+    message: Option<String>,
 }
 
 #[derive(Deserialize, Default, Clone, Debug)]
@@ -243,6 +250,19 @@ impl ObservedPod {
             .as_deref()
     }
 
+    /// What container `container` wrote to its termination message (`/dev/termination-log`)
+    /// before it ended, as the kubelet reports it (at most 4 KiB): how a Pod that runs a task
+    /// (a backup) hands its result to the plugin. `None` while it runs, or when it wrote none.
+    pub fn termination_message(&self, container: &str) -> Option<&str> {
+        self.container_status(container)?
+            .state
+            .terminated
+            .as_ref()?
+            .message
+            .as_deref()
+            .filter(|m| !m.is_empty())
+    }
+
     fn container_status(&self, container: &str) -> Option<&ContainerStatusFields> {
         self.container_statuses.iter().find(|s| s.name == container)
     }
@@ -368,5 +388,24 @@ mod tests {
         assert_eq!(p.args("db"), ["--x"]);
         assert_eq!(p, untouched, "parsed or not, the same pod");
         assert_ne!(p, pod(json!({"metadata": {"name": "db-0", "uid": "u-2"}})));
+    }
+
+    #[test]
+    fn a_task_pod_hands_its_result_over_in_its_termination_message() {
+        let ended = pod(json!({
+            "metadata": {"name": "db-backup"},
+            "status": {"phase": "Succeeded", "containerStatuses": [
+                {"name": "backup", "state": {"terminated": {"exitCode": 0, "message": "file=a.sql rows=3"}}},
+                {"name": "quiet", "state": {"terminated": {"exitCode": 0, "message": ""}}},
+            ]},
+        }));
+        assert_eq!(ended.termination_message("backup"), Some("file=a.sql rows=3"));
+        assert_eq!(ended.termination_message("quiet"), None, "an empty message is none");
+        assert_eq!(ended.termination_message("absent"), None);
+        let running = pod(json!({
+            "metadata": {"name": "db-backup"},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "backup", "state": {"running": {}}}]},
+        }));
+        assert_eq!(running.termination_message("backup"), None);
     }
 }

@@ -1,11 +1,11 @@
-//! The backup schedule: `spec.backup.every` durations, the RFC 3339 times status and Pods
-//! carry, and when the next scheduled snapshot is due.
+//! Schedules (a backup every 6 h): durations such as `spec.backup.every`, the RFC 3339 times
+//! status and Pods carry, and when the next scheduled run is due.
 //!
-//! The plugin has no clock but the observation's `now`, and no memory but the status: the
-//! last scheduled snapshot's due time is recorded there, and the next one is due `every`
+//! A plugin has no clock but the observation's `now`, and no memory but the status: the
+//! last scheduled run's due time is recorded there, and the next one is due `every`
 //! after it. Due times advance by whole periods, so they do not drift with the time a
-//! snapshot takes; periods missed while the cluster was unreachable or the host was down are
-//! skipped (one snapshot, not a burst of catch-up ones).
+//! run takes; periods missed while the cluster was unreachable or the host was down are
+//! skipped (one run, not a burst of catch-up ones).
 
 /// Parses a duration such as `90s`, `30m`, `6h` or `1h30m` into seconds; `None` when it is
 /// not one, or is zero.
@@ -86,7 +86,7 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
     Some(days * 86_400 + hour * 3_600 + minute * 60 + second - offset)
 }
 
-/// When the next scheduled snapshot is due, in seconds: `every` after the last one was due,
+/// When the next scheduled run is due, in seconds: `every` after the last one was due,
 /// or now when none was ever taken (or the recorded time does not parse).
 pub fn next_due(last_due: Option<&str>, every: i64, now: i64) -> i64 {
     match last_due.and_then(parse_rfc3339) {
@@ -95,7 +95,7 @@ pub fn next_due(last_due: Option<&str>, every: i64, now: i64) -> i64 {
     }
 }
 
-/// The due time to record for a snapshot started now, `due` being when it was due: `due`
+/// The due time to record for a run started now, `due` being when it was due: `due`
 /// itself, so the schedule keeps its phase; or now, when at least one whole period was
 /// missed, so missed periods are skipped rather than caught up one after another.
 pub fn due_time_to_record(due: i64, every: i64, now: i64) -> i64 {
@@ -152,12 +152,12 @@ mod tests {
             assert_eq!(parse_rfc3339(text), want, "{text:?}");
         }
         // What the SDK writes reads back.
-        let at = policy_host_sdk::Timestamp {
+        let at = crate::Timestamp {
             seconds: 4_102_444_799,
             nanoseconds: 0,
         };
         assert_eq!(
-            parse_rfc3339(&policy_host_sdk::conditions::rfc3339(at)),
+            parse_rfc3339(&crate::conditions::rfc3339(at)),
             Some(4_102_444_799)
         );
     }
