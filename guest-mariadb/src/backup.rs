@@ -33,8 +33,12 @@ pub struct BackupPod {
     pub reason: Option<String>,
     /// When it was created (RFC 3339, [`children::BACKUP_STARTED_ANNOTATION`]).
     pub started: Option<String>,
-    /// Its container's termination message: the result, or why it failed.
+    /// The backup step's termination message: the result, or why it failed.
     pub message: Option<String>,
+    /// The upload's, with a store: why it failed (`mc`'s last lines).
+    pub upload_message: Option<String>,
+    /// Where the upload puts it ([`children::BACKUP_LOCATION_ANNOTATION`]).
+    pub location: Option<String>,
 }
 
 /// What the backup step adds to a decision.
@@ -132,6 +136,7 @@ fn parse_result(message: &str) -> Option<BackupRecord> {
 /// Writes `status.backup`.
 pub fn plan(
     parent: &str,
+    namespace: &str,
     spec: &MariaDBClusterSpec,
     pod: Option<&BackupPod>,
     status: &mut Option<BackupStatus>,
@@ -211,6 +216,7 @@ pub fn plan(
     let file = file_name(parent, now);
     plan.actions.push(Action::Apply(children::backup_pod(
         parent,
+        namespace,
         &spec.image(),
         &file,
         &reason.annotation(),
@@ -246,6 +252,7 @@ fn follow(
             Some(mut record) => {
                 record.taken_at = pod.started.clone().unwrap_or_default();
                 record.reason = reason.summary();
+                record.location = pod.location.clone();
                 plan.actions.push(Action::RecordEvent(Event::normal(
                     "BackupTaken",
                     format!(
@@ -267,9 +274,16 @@ fn follow(
                 pod.message.clone().unwrap_or_default()
             ),
         },
-        "Failed" => match pod.message.as_deref() {
-            Some(message) => message.trim_start_matches("failed: ").to_owned(),
-            None => format!(
+        "Failed" => match (pod.message.as_deref(), pod.location.as_deref()) {
+            // The backup step ended well: the upload after it failed.
+            (Some(message), Some(location)) if parse_result(message).is_some() => format!(
+                "the backup was proven but its upload to {location} failed: {}; check spec.backup.s3 (endpoint, bucket, the keys in its Secret)",
+                pod.upload_message
+                    .as_deref()
+                    .map_or("no message", |m| m.trim())
+            ),
+            (Some(message), _) => message.trim_start_matches("failed: ").to_owned(),
+            (None, _) => format!(
                 "pod {pod_name} failed without saying why; kubectl describe pod {pod_name} and kubectl logs {pod_name}"
             ),
         },
@@ -324,6 +338,7 @@ mod tests {
                 trigger: trigger.map(str::to_owned),
                 keep: 2,
                 storage: Default::default(),
+                s3: None,
             }),
             ..MariaDBClusterSpec::default()
         }
@@ -336,6 +351,8 @@ mod tests {
             reason: Some(reason.to_owned()),
             started: Some(rfc3339(at(NOON))),
             message: message.map(str::to_owned),
+            upload_message: None,
+            location: None,
         }
     }
 
@@ -363,7 +380,7 @@ mod tests {
     fn a_new_trigger_starts_one_backup_pod_on_the_claim_and_only_with_a_primary() {
         let spec = spec(Some("first"), None);
         let mut status = None;
-        let plan = plan("db", &spec, None, &mut status, at(NOON), true);
+        let plan = plan("db", "ns", &spec, None, &mut status, at(NOON), true);
         let pod = applied_pod(&plan).expect("a backup Pod");
         assert_eq!(pod["metadata"]["name"], "db-backup");
         assert_eq!(
@@ -378,14 +395,14 @@ mod tests {
         assert_eq!(plan.requeue_ms, Some(BACKUP_POLL_MS));
 
         let mut status = None;
-        let waiting = super::plan("db", &spec, None, &mut status, at(NOON), false);
+        let waiting = super::plan("db", "ns", &spec, None, &mut status, at(NOON), false);
         assert!(applied_pod(&waiting).is_none(), "no primary taking writes: no backup yet");
 
         let mut done = Some(BackupStatus {
             last_trigger: Some("first".into()),
             ..BackupStatus::default()
         });
-        let again = super::plan("db", &spec, None, &mut done, at(NOON), true);
+        let again = super::plan("db", "ns", &spec, None, &mut done, at(NOON), true);
         assert!(applied_pod(&again).is_none(), "a trigger carried out is not taken again");
     }
 
@@ -407,7 +424,7 @@ mod tests {
             "trigger:third",
             Some("file=db-3.sql gtid=0-1-42 bytes=2048 tables=2 rows=77"),
         );
-        let plan = plan("db", &spec, Some(&ended), &mut status, at(NOON + 60), true);
+        let plan = plan("db", "ns", &spec, Some(&ended), &mut status, at(NOON + 60), true);
         let status = status.expect("a status");
         let files: Vec<&str> = status.backups.iter().map(|b| b.file.as_str()).collect();
         assert_eq!(files, ["db-3.sql", "db-2.sql"]);
@@ -434,7 +451,7 @@ mod tests {
             "trigger:first",
             Some("failed: mariadb-dump from db-primary failed: Access denied"),
         );
-        let plan = plan("db", &spec, Some(&failed), &mut status, at(NOON + 60), true);
+        let plan = plan("db", "ns", &spec, Some(&failed), &mut status, at(NOON + 60), true);
         let status = status.expect("a status");
         assert_eq!(
             status.last_failure.as_deref(),
@@ -453,14 +470,14 @@ mod tests {
         let spec = spec(Some("first"), None);
         let running = pod("Running", "trigger:first", None);
         let mut status = None;
-        let plan = plan("db", &spec, Some(&running), &mut status, at(NOON + 60), true);
+        let plan = plan("db", "ns", &spec, Some(&running), &mut status, at(NOON + 60), true);
         assert!(!deletes_pod(&plan) && applied_pod(&plan).is_none());
         assert_eq!(plan.requeue_ms, Some(BACKUP_POLL_MS));
 
         let stuck = pod("Pending", "trigger:first", None);
         let mut status = None;
         let late = NOON + BACKUP_DEADLINE_SECONDS + 1;
-        let plan = super::plan("db", &spec, Some(&stuck), &mut status, at(late), true);
+        let plan = super::plan("db", "ns", &spec, Some(&stuck), &mut status, at(late), true);
         assert!(deletes_pod(&plan));
         assert!(
             status
@@ -476,18 +493,51 @@ mod tests {
             last_scheduled_time: Some(rfc3339(at(NOON - 6 * 3_600))),
             ..BackupStatus::default()
         });
-        let early = plan("db", &spec, None, &mut status, at(NOON - 10), true);
+        let early = plan("db", "ns", &spec, None, &mut status, at(NOON - 10), true);
         assert!(applied_pod(&early).is_none());
         assert_eq!(early.requeue_ms, Some(10_000));
         assert_eq!(
             status.as_ref().and_then(|s| s.next_scheduled_time.clone()),
             Some(rfc3339(at(NOON)))
         );
-        let due = plan("db", &spec, None, &mut status, at(NOON + 7), true);
+        let due = plan("db", "ns", &spec, None, &mut status, at(NOON + 7), true);
         let pod = applied_pod(&due).expect("a scheduled backup");
         assert_eq!(
             pod["metadata"]["annotations"][children::BACKUP_REASON_ANNOTATION],
             format!("scheduled:{}", rfc3339(at(NOON)))
+        );
+    }
+
+    #[test]
+    fn a_proven_backup_whose_upload_failed_says_so_and_where_it_stays() {
+        let spec = spec(Some("first"), None);
+        let mut failed = pod(
+            "Failed",
+            "trigger:first",
+            Some("file=db-1.sql gtid=0-1-4 bytes=9 tables=1 rows=3"),
+        );
+        failed.location = Some("s3://backups/ns/db-1.sql".into());
+        failed.upload_message = Some("mc: Access Denied.".into());
+        let mut status = None;
+        let outcome = plan("db", "ns", &spec, Some(&failed), &mut status, at(NOON + 60), true);
+        let failure = status.and_then(|s| s.last_failure).unwrap_or_default();
+        assert!(
+            failure.contains("upload to s3://backups/ns/db-1.sql failed: mc: Access Denied."),
+            "{failure}"
+        );
+        assert!(deletes_pod(&outcome));
+
+        let mut uploaded = pod(
+            "Succeeded",
+            "trigger:first",
+            Some("file=db-1.sql gtid=0-1-4 bytes=9 tables=1 rows=3"),
+        );
+        uploaded.location = Some("s3://backups/ns/db-1.sql".into());
+        let mut status = None;
+        plan("db", "ns", &spec, Some(&uploaded), &mut status, at(NOON + 60), true);
+        assert_eq!(
+            status.and_then(|s| s.backups.first().and_then(|b| b.location.clone())),
+            Some("s3://backups/ns/db-1.sql".into())
         );
     }
 
@@ -503,7 +553,7 @@ mod tests {
         };
         let mut status = Some(kept.clone());
         let running = pod("Running", "trigger:first", None);
-        let plan = plan("db", &spec, Some(&running), &mut status, at(NOON), true);
+        let plan = plan("db", "ns", &spec, Some(&running), &mut status, at(NOON), true);
         assert!(deletes_pod(&plan));
         assert_eq!(status, Some(kept));
     }

@@ -11,7 +11,7 @@ pub use policy_host_sdk::children::{pdb_kind, pod_kind, pvc_kind, service_kind};
 use policy_host_sdk::names::ChildName;
 use serde_json::{Value, json};
 
-use crate::spec::MariaDBClusterSpec;
+use crate::spec::{DEFAULT_MC_IMAGE, MariaDBClusterSpec, Restore, S3Object, S3Target};
 
 /// MariaDB's port.
 pub const MYSQL_PORT: u16 = 3306;
@@ -193,16 +193,105 @@ pub fn donor(parent: &str) -> String {
 
 /// How a server's seed step fills an empty data directory: from the donor, or, for the first
 /// server of a cluster restored from a backup while no donor answers, from that backup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Seed {
     /// The donor: the primary's Service ([`donor`]).
     pub donor: String,
-    /// The backup, as `<claim>/<file>` ([`RESTORE_ANNOTATION`]).
-    pub restore: Option<String>,
+    /// The backup ([`RESTORE_ANNOTATION`]).
+    pub restore: Option<RestoreSource>,
 }
 
-/// The annotation on a server Pod created to restore a backup: `<claim>/<file>`.
+/// Where a restored server's backup is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RestoreSource {
+    /// A file on a claim of the namespace.
+    Claim {
+        /// The claim.
+        claim: String,
+        /// The file on it.
+        file: String,
+    },
+    /// An object in an S3-compatible store.
+    S3(S3Object),
+}
+
+impl RestoreSource {
+    /// The source `spec.restore` names.
+    pub fn of(restore: &Restore) -> Option<RestoreSource> {
+        match (&restore.claim, &restore.file, &restore.s3) {
+            (_, _, Some(s3)) => Some(RestoreSource::S3(s3.clone())),
+            (Some(claim), Some(file), None) => Some(RestoreSource::Claim {
+                claim: claim.clone(),
+                file: file.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The Pod's [`RESTORE_ANNOTATION`]: `<claim>/<file>`, or `s3:` and the object as JSON
+    /// (the Pod is rebuilt from it as it was created, whatever the spec says later).
+    pub fn annotation(&self) -> String {
+        match self {
+            RestoreSource::Claim { claim, file } => format!("{claim}/{file}"),
+            RestoreSource::S3(object) => {
+                format!("s3:{}", serde_json::to_string(object).unwrap_or_default())
+            }
+        }
+    }
+
+    /// Reads [`RestoreSource::annotation`] back.
+    pub fn parse(text: &str) -> Option<RestoreSource> {
+        if let Some(object) = text.strip_prefix("s3:") {
+            return serde_json::from_str(object).ok().map(RestoreSource::S3);
+        }
+        let (claim, file) = text.split_once('/')?;
+        Some(RestoreSource::Claim {
+            claim: claim.to_owned(),
+            file: file.to_owned(),
+        })
+    }
+
+    /// What `status.restoredFrom` says: `<claim>/<file>` or `s3://<bucket>/<key>`.
+    pub fn describe(&self) -> String {
+        match self {
+            RestoreSource::Claim { claim, file } => format!("{claim}/{file}"),
+            RestoreSource::S3(object) => format!("s3://{}/{}", object.bucket, object.key),
+        }
+    }
+
+    /// The file name the seed step reads under [`RESTORE_MOUNT`].
+    fn file(&self) -> &str {
+        match self {
+            RestoreSource::Claim { file, .. } => file,
+            RestoreSource::S3(object) => object.key.rsplit('/').next().unwrap_or(&object.key),
+        }
+    }
+}
+
+/// The annotation on a server Pod created to restore a backup ([`RestoreSource::annotation`]).
 pub const RESTORE_ANNOTATION: &str = "mariadb.policy-host.io/restore-from";
+
+/// The `mc` alias of a store, as in `s3/<bucket>/<object>`.
+const MC_ALIAS: &str = "s3";
+
+/// The environment that gives `mc` the alias `s3` for `endpoint` with the keys of `secret`
+/// (`accessKeyID`, `secretAccessKey`), composed by Kubernetes' `$(VAR)` expansion, so the Pod
+/// spec never holds them and no shell is needed (the `mc` image has none).
+fn mc_env(endpoint: &str, secret: &str) -> Value {
+    // Validation guarantees a scheme.
+    let (scheme, host) = endpoint
+        .trim()
+        .trim_end_matches('/')
+        .split_once("://")
+        .unwrap_or(("https", endpoint));
+    let key = |name: &str, key: &str| json!({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});
+    json!([
+        key("S3_ACCESS_KEY_ID", "accessKeyID"),
+        key("S3_SECRET_ACCESS_KEY", "secretAccessKey"),
+        {"name": format!("MC_HOST_{MC_ALIAS}"),
+         "value": format!("{scheme}://$(S3_ACCESS_KEY_ID):$(S3_SECRET_ACCESS_KEY)@{host}")},
+    ])
+}
 
 /// Where the seed step finds the backup claim.
 const RESTORE_MOUNT: &str = "/restore";
@@ -309,7 +398,7 @@ pub fn server_pod(
         .claim_volume("data", &claim_name(pod))
         .container(container)
         .spec_field("terminationGracePeriodSeconds", json!(30));
-    let mut restore_claim = None;
+    let mut restore_volume = None;
     if let Some(seed) = seed {
         // The root password reaches mariadb-dump through its environment (MYSQL_PWD), never
         // its command line.
@@ -320,30 +409,67 @@ pub fn server_pod(
             .mount("data", "/var/lib/mysql")
             .mount("seed", INIT_FILES);
         built = built.annotation(SEED_ANNOTATION, &seed.donor);
-        if let Some((claim, file)) = seed.restore.as_deref().and_then(|r| r.split_once('/')) {
+        let mut init = Vec::new();
+        if let Some(source) = &seed.restore {
             step = step
-                .env("RESTORE_FILE", &format!("{RESTORE_MOUNT}/{file}"))
+                .env("RESTORE_FILE", &format!("{RESTORE_MOUNT}/{}", source.file()))
                 .mount("restore", RESTORE_MOUNT);
-            built = built.annotation(RESTORE_ANNOTATION, &format!("{claim}/{file}"));
-            restore_claim = Some(claim.to_owned());
+            built = built.annotation(RESTORE_ANNOTATION, &source.annotation());
+            match source {
+                RestoreSource::Claim { claim, .. } => {
+                    // The backup claim, read-only.
+                    restore_volume = Some(json!({
+                        "name": "restore",
+                        "persistentVolumeClaim": { "claimName": claim, "readOnly": true }
+                    }));
+                }
+                RestoreSource::S3(object) => {
+                    // Scratch space the download fills before the seed step reads it.
+                    restore_volume = Some(json!({ "name": "restore", "emptyDir": {} }));
+                    init.push(download_container(object));
+                }
+            }
         }
+        init.push(step.build());
         built = built
             .empty_dir_volume("seed")
-            .spec_field("initContainers", json!([step.build()]));
+            .spec_field("initContainers", Value::Array(init));
     }
     let mut built = built.build();
-    // The ConfigMap volume, and the backup claim read-only: not among the SDK's builders.
+    // The ConfigMap volume, and the backup's: not among the SDK's builders.
     if let Some(volumes) = built["spec"]["volumes"].as_array_mut() {
         volumes.push(json!({ "name": "config", "configMap": { "name": config_name(parent) } }));
-        if let Some(claim) = restore_claim {
-            volumes.push(json!({
-                "name": "restore",
-                "persistentVolumeClaim": { "claimName": claim, "readOnly": true }
-            }));
-        }
+        volumes.extend(restore_volume);
     }
     built
 }
+
+/// The init container that copies a backup object into the restore volume, before the seed
+/// step loads it.
+fn download_container(object: &S3Object) -> Value {
+    let file = object.key.rsplit('/').next().unwrap_or(&object.key);
+    json!({
+        "name": "download",
+        "image": object.image.as_deref().unwrap_or(DEFAULT_MC_IMAGE),
+        "command": [
+            "mc", "--config-dir", format!("{RESTORE_MOUNT}/.mc"), "cp",
+            format!("{MC_ALIAS}/{}/{}", object.bucket, object.key),
+            format!("{RESTORE_MOUNT}/{file}"),
+        ],
+        "env": mc_env(&object.endpoint, &object.credentials_secret),
+        "volumeMounts": [{"name": "restore", "mountPath": RESTORE_MOUNT}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    })
+}
+
+/// The object a backup `file` of the cluster in `namespace` is uploaded to:
+/// `<prefix><namespace>/<file>` (a cluster's name is unique only within its namespace).
+pub fn object_name(s3: &S3Target, namespace: &str, file: &str) -> String {
+    format!("{}{namespace}/{file}", s3.prefix())
+}
+
+/// The container that uploads a proven backup (`mc cp`), after the backup step.
+pub const UPLOAD_CONTAINER: &str = "upload";
 
 /// The claim backups are kept on.
 pub fn backups_claim_name(parent: &str) -> String {
@@ -454,6 +580,7 @@ echo "backup: $FILE proven ($tables tables, $rows rows, $bytes bytes, GTID $gtid
 /// runs once (`restartPolicy: Never`).
 pub fn backup_pod(
     parent: &str,
+    namespace: &str,
     image: &str,
     file: &str,
     reason: &str,
@@ -469,15 +596,44 @@ pub fn backup_pod(
         .env("KEEP", &keep.to_string())
         .env_from_secret("MYSQL_PWD", &spec.secret(parent), "root-password")
         .mount("backups", "/backups");
-    Pod::new(&backup_pod_name(parent))
+    let pod = Pod::new(&backup_pod_name(parent))
         .label(INSTANCE_LABEL, parent)
         .annotation(BACKUP_REASON_ANNOTATION, reason)
         .annotation(BACKUP_STARTED_ANNOTATION, started)
         .claim_volume("backups", &backups_claim_name(parent))
-        .container(step)
-        .spec_field("restartPolicy", json!("Never"))
-        .build()
+        .spec_field("restartPolicy", json!("Never"));
+    let Some(s3) = spec.backup.as_ref().and_then(|b| b.s3.as_ref()) else {
+        return pod.container(step).build();
+    };
+    // With a store, the backup step runs first (an init container): only a proven backup is
+    // uploaded.
+    let mut built = pod
+        .empty_dir_volume("mc-config")
+        .spec_field("initContainers", json!([step.build()]))
+        .build();
+    let object = object_name(s3, namespace, file);
+    built["metadata"]["annotations"][BACKUP_LOCATION_ANNOTATION] =
+        json!(format!("s3://{}/{object}", s3.bucket));
+    built["spec"]["containers"] = json!([{
+        "name": UPLOAD_CONTAINER,
+        "image": s3.image.as_deref().unwrap_or(DEFAULT_MC_IMAGE),
+        "command": [
+            "mc", "--config-dir", "/mc", "cp",
+            format!("/backups/{file}"),
+            format!("{MC_ALIAS}/{}/{object}", s3.bucket),
+        ],
+        "env": mc_env(&s3.endpoint, &s3.credentials_secret),
+        "volumeMounts": [
+            {"name": "backups", "mountPath": "/backups", "readOnly": true},
+            {"name": "mc-config", "mountPath": "/mc"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }]);
+    built
 }
+
+/// The annotation on a backup Pod that uploads: where the object goes (`s3://<bucket>/<object>`).
+pub const BACKUP_LOCATION_ANNOTATION: &str = "mariadb.policy-host.io/backup-location";
 
 /// Server `pod`'s claim.
 pub fn server_claim(parent: &str, pod: &str, spec: &MariaDBClusterSpec) -> Value {
@@ -616,7 +772,7 @@ mod tests {
         let spec = MariaDBClusterSpec::default();
         let seed = Seed {
             donor: donor("db"),
-            restore: Some("old-backups/old-20261128T232500Z.sql".into()),
+            restore: RestoreSource::parse("old-backups/old-20261128T232500Z.sql"),
         };
         let pod = server_pod("db", "db-0", "mariadb:10.11", "r1", Some(&seed), Role::Replica, &spec);
         assert_eq!(
@@ -651,11 +807,13 @@ mod tests {
                 trigger: Some("t".into()),
                 keep: 4,
                 storage: Default::default(),
+                s3: None,
             }),
             ..MariaDBClusterSpec::default()
         };
         let pod = backup_pod(
             "db",
+            "ns",
             "mariadb:10.11",
             "db-1.sql",
             "trigger:t",
@@ -676,6 +834,70 @@ mod tests {
             Some(json!("db-backups"))
         );
         assert!(backups_claim("db", &MariaDBClusterSpec::default()).is_none());
+    }
+
+    #[test]
+    fn a_backup_to_a_store_is_uploaded_only_after_it_is_proven_under_the_namespace() {
+        let spec = MariaDBClusterSpec {
+            backup: Some(crate::spec::Backup {
+                every: None,
+                trigger: Some("t".into()),
+                keep: 2,
+                storage: Default::default(),
+                s3: Some(S3Target {
+                    endpoint: "http://10.0.0.1:9000".into(),
+                    bucket: "backups".into(),
+                    prefix: Some("mariadb".into()),
+                    credentials_secret: "s3-keys".into(),
+                    image: None,
+                }),
+            }),
+            ..MariaDBClusterSpec::default()
+        };
+        let pod = backup_pod("db", "ns", "mariadb:10.11", "db-1.sql", "trigger:t", "t0", &spec);
+        assert_eq!(pod["spec"]["initContainers"][0]["name"], BACKUP_CONTAINER);
+        let upload = &pod["spec"]["containers"][0];
+        assert_eq!(upload["name"], UPLOAD_CONTAINER);
+        assert_eq!(upload["image"], DEFAULT_MC_IMAGE);
+        assert_eq!(
+            upload["command"],
+            json!(["mc", "--config-dir", "/mc", "cp", "/backups/db-1.sql", "s3/backups/mariadb/ns/db-1.sql"])
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"][BACKUP_LOCATION_ANNOTATION],
+            "s3://backups/mariadb/ns/db-1.sql"
+        );
+        let env = upload["env"].to_string();
+        assert!(env.contains("s3-keys") && env.contains("$(S3_ACCESS_KEY_ID)"), "{env}");
+        assert!(!env.contains("secretAccessKey\":\"") , "keys by reference only");
+    }
+
+    #[test]
+    fn a_server_restoring_from_a_store_downloads_the_object_before_its_seed_step() {
+        let object = S3Object {
+            endpoint: "http://10.0.0.1:9000".into(),
+            bucket: "backups".into(),
+            key: "mariadb/ns/old-1.sql".into(),
+            credentials_secret: "s3-keys".into(),
+            image: None,
+        };
+        let source = RestoreSource::S3(object.clone());
+        assert_eq!(RestoreSource::parse(&source.annotation()), Some(source.clone()));
+        assert_eq!(source.describe(), "s3://backups/mariadb/ns/old-1.sql");
+        let seed = Seed {
+            donor: donor("db"),
+            restore: Some(source),
+        };
+        let spec = MariaDBClusterSpec::default();
+        let pod = server_pod("db", "db-0", "mariadb:10.11", "r1", Some(&seed), Role::Replica, &spec);
+        let init = pod["spec"]["initContainers"].as_array().cloned().unwrap_or_default();
+        let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["download", "seed"]);
+        assert_eq!(init[0]["command"][4], "s3/backups/mariadb/ns/old-1.sql");
+        assert_eq!(init[0]["command"][5], "/restore/old-1.sql");
+        assert!(init[1]["env"].to_string().contains("/restore/old-1.sql"));
+        let volumes = pod["spec"]["volumes"].to_string();
+        assert!(volumes.contains("\"restore\"") && volumes.contains("emptyDir"));
     }
 
     #[test]

@@ -126,6 +126,8 @@ struct Parent {
 struct ParentMeta {
     name: String,
     #[serde(default)]
+    namespace: String,
+    #[serde(default)]
     generation: Option<i64>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
@@ -176,6 +178,12 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
                 message: pod
                     .termination_message(children::BACKUP_CONTAINER)
                     .map(str::to_owned),
+                upload_message: pod
+                    .termination_message(children::UPLOAD_CONTAINER)
+                    .map(str::to_owned),
+                location: pod
+                    .annotation(children::BACKUP_LOCATION_ANNOTATION)
+                    .map(str::to_owned),
             });
             continue;
         }
@@ -219,7 +227,7 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
                     donor: donor.to_owned(),
                     restore: pod
                         .annotation(children::RESTORE_ANNOTATION)
-                        .map(str::to_owned),
+                        .and_then(children::RestoreSource::parse),
                 }),
             pod: state,
             probe,
@@ -240,6 +248,7 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
         now: observation.now,
         backup_pod,
         name,
+        namespace: parent.metadata.namespace,
     };
     Ok(Gathered {
         facts,

@@ -108,6 +108,8 @@ impl Server {
 pub struct Facts {
     /// `metadata.name` of the MariaDBCluster.
     pub name: String,
+    /// `metadata.namespace` of the MariaDBCluster.
+    pub namespace: String,
     /// `metadata.generation`.
     pub generation: Option<i64>,
     /// The spec.
@@ -339,7 +341,8 @@ pub fn decide(facts: &Facts) -> Plan {
         && status.restored_from.is_none()
         && let Some(restored) = server(facts, primary)
             .and_then(|s| s.seed.as_ref())
-            .and_then(|seed| seed.restore.clone())
+            .and_then(|seed| seed.restore.as_ref())
+            .map(children::RestoreSource::describe)
     {
         actions.push(Action::RecordEvent(Event::normal(
             "Restored",
@@ -349,6 +352,7 @@ pub fn decide(facts: &Facts) -> Plan {
     }
     let backups = crate::backup::plan(
         &facts.name,
+        &facts.namespace,
         &facts.spec,
         facts.backup_pod.as_ref(),
         &mut status.backup,
@@ -1385,12 +1389,17 @@ fn restoring(facts: &Facts, primary: Option<&str>) -> bool {
     facts.spec.restore.is_some() && primary.is_none() && facts.status.current_primary.is_none()
 }
 
-/// The backup (`<claim>/<file>`) a new server `name` loads: the first server's, while the
-/// cluster is being restored; the others copy it from there once it is the primary.
-fn restore_into(facts: &Facts, primary: Option<&str>, name: &str) -> Option<String> {
+/// The backup a new server `name` loads: the first server's, while the cluster is being
+/// restored; the others copy it from there once it is the primary.
+fn restore_into(
+    facts: &Facts,
+    primary: Option<&str>,
+    name: &str,
+) -> Option<children::RestoreSource> {
     let restore = facts.spec.restore.as_ref()?;
     (restoring(facts, primary) && name == children::pod_name(&facts.name, 0))
-        .then(|| format!("{}/{}", restore.claim, restore.file))
+        .then(|| children::RestoreSource::of(restore))
+        .flatten()
 }
 
 /// The servers wanted: the primary, and the lowest ordinals besides it up to `spec.replicas`
@@ -1595,6 +1604,7 @@ mod tests {
         };
         Facts {
             name: "db".into(),
+            namespace: "ns".into(),
             generation: Some(1),
             spec,
             status: MariaDBClusterStatus {
@@ -2520,8 +2530,9 @@ mod tests {
     #[test]
     fn a_restored_cluster_starts_its_first_server_alone_from_the_backup_then_the_others_copy_it() {
         let restore = crate::spec::Restore {
-            claim: "old-backups".into(),
-            file: "old-1.sql".into(),
+            claim: Some("old-backups".into()),
+            file: Some("old-1.sql".into()),
+            s3: None,
         };
         let mut new = facts(None, 2, vec![]);
         new.spec.restore = Some(restore.clone());
@@ -2539,7 +2550,7 @@ mod tests {
         let mut loaded = fresh(0);
         loaded.seed = Some(children::Seed {
             donor: children::donor("db"),
-            restore: Some("old-backups/old-1.sql".into()),
+            restore: children::RestoreSource::parse("old-backups/old-1.sql"),
         });
         let mut answered = facts(None, 2, vec![loaded.clone()]);
         answered.spec.restore = Some(restore.clone());
@@ -2582,6 +2593,7 @@ mod tests {
             trigger: Some("now".into()),
             keep: 3,
             storage: crate::spec::Storage::default(),
+            s3: None,
         };
         let mut healthy = facts(
             Some(0),

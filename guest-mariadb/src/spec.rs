@@ -165,19 +165,85 @@ pub struct Backup {
     /// The claim `<name>-backups`; size it for `keep` dumps.
     #[serde(default)]
     pub storage: Storage,
+    /// Also upload each proven backup to an S3-compatible store, as
+    /// `<prefix><namespace>/<file>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Target>,
 }
 
-/// The backup a new cluster starts from.
+/// The `mc` image the uploads and downloads run when `image` is not set (the etcd plugins').
+pub const DEFAULT_MC_IMAGE: &str = "minio/mc:RELEASE.2025-03-12T17-29-24Z";
+
+/// An S3-compatible store backups are uploaded to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+pub struct S3Target {
+    /// The store's URL, `http://` or `https://` and a host (and port), e.g.
+    /// `http://minio.backup.svc:9000`.
+    pub endpoint: String,
+    /// The bucket; it must exist.
+    pub bucket: String,
+    /// Prepended to each object name, e.g. `mariadb/` (a missing trailing `/` is added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`, labelled
+    /// `mountable-by.policy-host.io/mariadb: "true"`; neither key may contain `:`.
+    pub credentials_secret: String,
+    /// The image running `mc`; default a pinned `minio/mc` release (the bundle grants it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+impl S3Target {
+    /// The prefix with its trailing `/` (empty for none).
+    pub fn prefix(&self) -> String {
+        match self.prefix.as_deref().map(str::trim) {
+            None | Some("") => String::new(),
+            Some(p) if p.ends_with('/') => p.to_owned(),
+            Some(p) => format!("{p}/"),
+        }
+    }
+}
+
+/// One object in an S3-compatible store, to restore a new cluster from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Object {
+    /// The store's URL, `http://` or `https://` and a host (and port).
+    pub endpoint: String,
+    /// The bucket holding the backup.
+    pub bucket: String,
+    /// The object's name: what follows the bucket in `status.backup.backups[].location`.
+    pub key: String,
+    /// A Secret in the cluster's namespace with `accessKeyID` and `secretAccessKey`, labelled
+    /// `mountable-by.policy-host.io/mariadb: "true"`.
+    pub credentials_secret: String,
+    /// The image running `mc`; default a pinned `minio/mc` release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// The backup a new cluster starts from: a file on a claim (`claim` and `file`), or an object
+/// in an S3-compatible store (`s3`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.s3) != (has(self.claim) && has(self.file))",
+    "message": "spec.restore takes either claim and file, or s3"
+}]))]
 pub struct Restore {
     /// The claim holding the backup, in this namespace: another cluster's `<name>-backups`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub claim: String,
+    pub claim: Option<String>,
     /// The backup's file on that claim, as `status.backup.backups[].file` lists it
     /// (`<name>-20261128T232500Z.sql`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub file: String,
+    pub file: Option<String>,
+    /// The backup's object in an S3-compatible store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Object>,
 }
 
 /// Server options the plugin sets itself (see [`crate::children::SERVER_CONFIG`]) or that
@@ -321,30 +387,82 @@ impl MariaDBClusterSpec {
                 ));
             }
         }
+        if let Some(backup) = &self.backup
+            && let Some(s3) = &backup.s3
+            && let Some(why) = invalid_store("spec.backup.s3", &s3.endpoint, &s3.bucket)
+        {
+            return Some(why);
+        }
         if let Some(restore) = &self.restore {
-            let file_ok = restore.file.ends_with(".sql")
-                && restore
-                    .file
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                && !restore.file.starts_with('.');
-            if !file_ok {
-                return Some(format!(
-                    "spec.restore.file `{}` is not a backup file name (letters, digits, `-`, `_`, `.`, ending in .sql, as status.backup.backups[].file lists it); fix it",
-                    restore.file
-                ));
-            }
-            if !policy_host_sdk::names::NameRule::Dns1123Subdomain.accepts(&restore.claim) {
-                return Some(format!(
-                    "spec.restore.claim `{}` is not a claim name; name the claim holding the backup (another cluster's `<name>-backups`)",
-                    restore.claim
-                ));
-            }
+            return invalid_restore(restore);
         }
         self.config
             .iter()
             .find_map(|(key, value)| invalid_option(key, value))
     }
+}
+
+/// Why `spec.restore` cannot be read, naming the field to fix.
+fn invalid_restore(restore: &Restore) -> Option<String> {
+    match (&restore.claim, &restore.file, &restore.s3) {
+        (Some(claim), Some(file), None) => {
+            if !backup_file_name(file) {
+                return Some(format!(
+                    "spec.restore.file `{file}` is not a backup file name (letters, digits, `-`, `_`, `.`, ending in .sql, as status.backup.backups[].file lists it); fix it"
+                ));
+            }
+            if !policy_host_sdk::names::NameRule::Dns1123Subdomain.accepts(claim) {
+                return Some(format!(
+                    "spec.restore.claim `{claim}` is not a claim name; name the claim holding the backup (another cluster's `<name>-backups`)"
+                ));
+            }
+            None
+        }
+        (None, None, Some(s3)) => {
+            let file = s3.key.rsplit('/').next().unwrap_or_default();
+            if !backup_file_name(file) || s3.key.split('/').any(|part| part == "..") {
+                return Some(format!(
+                    "spec.restore.s3.key `{}` does not name a backup object (…/<name>-<time>.sql, as status.backup.backups[].location shows after the bucket); fix it",
+                    s3.key
+                ));
+            }
+            invalid_store("spec.restore.s3", &s3.endpoint, &s3.bucket)
+        }
+        _ => Some(
+            "spec.restore takes either claim and file (a backup on a claim), or s3 (a backup in a store); set one of them".to_owned(),
+        ),
+    }
+}
+
+/// Whether `file` is a name a backup gets (letters, digits, `-`, `_`, `.`, ending in `.sql`).
+fn backup_file_name(file: &str) -> bool {
+    file.ends_with(".sql")
+        && !file.starts_with('.')
+        && file
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// Why an S3 store's endpoint or bucket cannot be used, naming `field`.
+fn invalid_store(field: &str, endpoint: &str, bucket: &str) -> Option<String> {
+    let host = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"));
+    if host.is_none_or(|h| h.is_empty() || h.contains(['/', '@', ' '])) {
+        return Some(format!(
+            "{field}.endpoint `{endpoint}` is not http:// or https:// and a host (and port); fix it"
+        ));
+    }
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'));
+    if !bucket_ok {
+        return Some(format!(
+            "{field}.bucket `{bucket}` is not a bucket name (3 to 63 lower-case letters, digits, `-` and `.`); fix it"
+        ));
+    }
+    None
 }
 
 /// Most backups one cluster keeps.
@@ -432,6 +550,9 @@ pub struct BackupRecord {
     /// What it was taken for: `trigger:<value>` or `scheduled`.
     #[serde(default)]
     pub reason: String,
+    /// Where it was uploaded, with `spec.backup.s3`: `s3://<bucket>/<object>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
 }
 
 /// What the plugin knows of the backups, newest first.

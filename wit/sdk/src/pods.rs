@@ -34,6 +34,7 @@ pub struct ObservedPod {
     annotations: BTreeMap<String, String>,
     containers: Vec<ContainerFields>,
     container_statuses: Vec<ContainerStatusFields>,
+    init_container_statuses: Vec<ContainerStatusFields>,
     /// The Pod as the host handed it over.
     text: String,
     /// `text` parsed, on first use.
@@ -89,6 +90,7 @@ struct StatusFields {
     phase: String,
     conditions: Vec<ConditionFields>,
     container_statuses: Vec<ContainerStatusFields>,
+    init_container_statuses: Vec<ContainerStatusFields>,
 }
 
 #[derive(Deserialize, Default)]
@@ -158,6 +160,7 @@ impl ObservedPod {
             annotations: fields.metadata.annotations,
             containers: fields.spec.containers,
             container_statuses: fields.status.container_statuses,
+            init_container_statuses: fields.status.init_container_statuses,
             text: child.object.clone(),
             object: OnceCell::new(),
         })
@@ -250,11 +253,15 @@ impl ObservedPod {
             .as_deref()
     }
 
-    /// What container `container` wrote to its termination message (`/dev/termination-log`)
-    /// before it ended, as the kubelet reports it (at most 4 KiB): how a Pod that runs a task
-    /// (a backup) hands its result to the plugin. `None` while it runs, or when it wrote none.
+    /// What container `container` (or init container) wrote to its termination message
+    /// (`/dev/termination-log`) before it ended, as the kubelet reports it (at most 4 KiB): how
+    /// a Pod that runs a task (a backup) hands its result to the plugin. `None` while it runs,
+    /// or when it wrote none.
     pub fn termination_message(&self, container: &str) -> Option<&str> {
-        self.container_status(container)?
+        self.container_statuses
+            .iter()
+            .chain(&self.init_container_statuses)
+            .find(|s| s.name == container)?
             .state
             .terminated
             .as_ref()?
@@ -397,11 +404,14 @@ mod tests {
             "status": {"phase": "Succeeded", "containerStatuses": [
                 {"name": "backup", "state": {"terminated": {"exitCode": 0, "message": "file=a.sql rows=3"}}},
                 {"name": "quiet", "state": {"terminated": {"exitCode": 0, "message": ""}}},
+            ], "initContainerStatuses": [
+                {"name": "first", "state": {"terminated": {"exitCode": 0, "message": "done"}}},
             ]},
         }));
         assert_eq!(ended.termination_message("backup"), Some("file=a.sql rows=3"));
         assert_eq!(ended.termination_message("quiet"), None, "an empty message is none");
         assert_eq!(ended.termination_message("absent"), None);
+        assert_eq!(ended.termination_message("first"), Some("done"), "an init container's");
         let running = pod(json!({
             "metadata": {"name": "db-backup"},
             "status": {"phase": "Running", "containerStatuses": [{"name": "backup", "state": {"running": {}}}]},
