@@ -389,21 +389,34 @@ mod tests {
         );
         assert_eq!(pod["spec"]["restartPolicy"], "Never");
         let env = pod["spec"]["containers"][0]["env"].to_string();
-        assert!(env.contains("db-20240501T120000Z.sql") && env.contains("db-primary"), "{env}");
-        assert!(plan.actions.iter().any(|a| matches!(a, Action::Apply(o) if o["metadata"]["name"] == "db-backups")));
+        assert!(
+            env.contains("db-20240501T120000Z.sql") && env.contains("db-primary"),
+            "{env}"
+        );
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::Apply(o) if o["metadata"]["name"] == "db-backups"))
+        );
         assert!(event(&plan, "BackupStarted").is_some());
         assert_eq!(plan.requeue_ms, Some(BACKUP_POLL_MS));
 
         let mut status = None;
         let waiting = super::plan("db", "ns", &spec, None, &mut status, at(NOON), false);
-        assert!(applied_pod(&waiting).is_none(), "no primary taking writes: no backup yet");
+        assert!(
+            applied_pod(&waiting).is_none(),
+            "no primary taking writes: no backup yet"
+        );
 
         let mut done = Some(BackupStatus {
             last_trigger: Some("first".into()),
             ..BackupStatus::default()
         });
         let again = super::plan("db", "ns", &spec, None, &mut done, at(NOON), true);
-        assert!(applied_pod(&again).is_none(), "a trigger carried out is not taken again");
+        assert!(
+            applied_pod(&again).is_none(),
+            "a trigger carried out is not taken again"
+        );
     }
 
     #[test]
@@ -424,13 +437,26 @@ mod tests {
             "trigger:third",
             Some("file=db-3.sql gtid=0-1-42 bytes=2048 tables=2 rows=77"),
         );
-        let plan = plan("db", "ns", &spec, Some(&ended), &mut status, at(NOON + 60), true);
+        let plan = plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&ended),
+            &mut status,
+            at(NOON + 60),
+            true,
+        );
         let status = status.expect("a status");
         let files: Vec<&str> = status.backups.iter().map(|b| b.file.as_str()).collect();
         assert_eq!(files, ["db-3.sql", "db-2.sql"]);
         let newest = &status.backups[0];
         assert_eq!(
-            (newest.gtid.as_str(), newest.bytes, newest.tables, newest.rows),
+            (
+                newest.gtid.as_str(),
+                newest.bytes,
+                newest.tables,
+                newest.rows
+            ),
             ("0-1-42", 2048, 2, 77)
         );
         assert_eq!(newest.taken_at, rfc3339(at(NOON)));
@@ -439,7 +465,10 @@ mod tests {
         assert_eq!(status.last_failure, None);
         assert!(deletes_pod(&plan));
         assert!(event(&plan, "BackupTaken").is_some_and(|m| m.contains("77 rows")));
-        assert!(applied_pod(&plan).is_none(), "no second backup for the same trigger");
+        assert!(
+            applied_pod(&plan).is_none(),
+            "no second backup for the same trigger"
+        );
     }
 
     #[test]
@@ -451,7 +480,15 @@ mod tests {
             "trigger:first",
             Some("failed: mariadb-dump from db-primary failed: Access denied"),
         );
-        let plan = plan("db", "ns", &spec, Some(&failed), &mut status, at(NOON + 60), true);
+        let plan = plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&failed),
+            &mut status,
+            at(NOON + 60),
+            true,
+        );
         let status = status.expect("a status");
         assert_eq!(
             status.last_failure.as_deref(),
@@ -470,7 +507,15 @@ mod tests {
         let spec = spec(Some("first"), None);
         let running = pod("Running", "trigger:first", None);
         let mut status = None;
-        let plan = plan("db", "ns", &spec, Some(&running), &mut status, at(NOON + 60), true);
+        let plan = plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&running),
+            &mut status,
+            at(NOON + 60),
+            true,
+        );
         assert!(!deletes_pod(&plan) && applied_pod(&plan).is_none());
         assert_eq!(plan.requeue_ms, Some(BACKUP_POLL_MS));
 
@@ -519,7 +564,15 @@ mod tests {
         failed.location = Some("s3://backups/ns/db-1.sql".into());
         failed.upload_message = Some("mc: Access Denied.".into());
         let mut status = None;
-        let outcome = plan("db", "ns", &spec, Some(&failed), &mut status, at(NOON + 60), true);
+        let outcome = plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&failed),
+            &mut status,
+            at(NOON + 60),
+            true,
+        );
         let failure = status.and_then(|s| s.last_failure).unwrap_or_default();
         assert!(
             failure.contains("upload to s3://backups/ns/db-1.sql failed: mc: Access Denied."),
@@ -534,7 +587,15 @@ mod tests {
         );
         uploaded.location = Some("s3://backups/ns/db-1.sql".into());
         let mut status = None;
-        plan("db", "ns", &spec, Some(&uploaded), &mut status, at(NOON + 60), true);
+        plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&uploaded),
+            &mut status,
+            at(NOON + 60),
+            true,
+        );
         assert_eq!(
             status.and_then(|s| s.backups.first().and_then(|b| b.location.clone())),
             Some("s3://backups/ns/db-1.sql".into())
@@ -553,7 +614,15 @@ mod tests {
         };
         let mut status = Some(kept.clone());
         let running = pod("Running", "trigger:first", None);
-        let plan = plan("db", "ns", &spec, Some(&running), &mut status, at(NOON), true);
+        let plan = plan(
+            "db",
+            "ns",
+            &spec,
+            Some(&running),
+            &mut status,
+            at(NOON),
+            true,
+        );
         assert!(deletes_pod(&plan));
         assert_eq!(status, Some(kept));
     }

@@ -197,6 +197,10 @@ pub fn donor(parent: &str) -> String {
 pub struct Seed {
     /// The donor: the primary's Service ([`donor`]).
     pub donor: String,
+    /// Whether a primary was there when the server was created ([`SEED_REQUIRED_ANNOTATION`]):
+    /// then it waits for the donor rather than start empty, since the primary's data may be in
+    /// no binlog (a restored cluster's, or purged).
+    pub required: bool,
     /// The backup ([`RESTORE_ANNOTATION`]).
     pub restore: Option<RestoreSource>,
 }
@@ -268,6 +272,10 @@ impl RestoreSource {
     }
 }
 
+/// The annotation on a server Pod created beside a primary, whose seed step waits for the
+/// donor ([`Seed::required`]).
+pub const SEED_REQUIRED_ANNOTATION: &str = "mariadb.policy-host.io/seed-required";
+
 /// The annotation on a server Pod created to restore a backup ([`RestoreSource::annotation`]).
 pub const RESTORE_ANNOTATION: &str = "mariadb.policy-host.io/restore-from";
 
@@ -302,16 +310,34 @@ const RESTORE_MOUNT: &str = "/restore";
 /// initialises (`/docker-entrypoint-initdb.d`, as the official image does), with the binlog off
 /// for the load and `gtid_slave_pos` set to that GTID, so the server replicates on from there
 /// — also when the primary has purged older binlogs. No donor answering (a new cluster has no
-/// primary yet) is no seed: the server starts empty and replicates from the beginning; a donor
-/// that answers but whose dump fails fails the step, and the kubelet runs it again.
+/// primary yet) is no seed: the server starts empty and replicates from the beginning; but a
+/// server created beside a primary ([`Seed::required`]) waits for it, since the primary's
+/// data may be in no binlog (a restored cluster's). A donor that answers but whose dump fails
+/// fails the step, and the kubelet runs it again.
 pub const SEED_SCRIPT: &str = r#"set -eu
 seed=/docker-entrypoint-initdb.d
 rm -f "$seed"/*.sql "$seed"/dump.*
 if [ -d /var/lib/mysql/mysql ]; then
   exit 0
 fi
-if ! mariadb --connect-timeout=5 -h "$DONOR" -u root -e "SELECT 1" >/dev/null 2>"$seed/dump.err"; then
-  if [ -n "${RESTORE_FILE:-}" ]; then
+donor_answers() {
+  mariadb --connect-timeout=5 -h "$DONOR" -u root -e "SELECT 1" >/dev/null 2>"$seed/dump.err"
+}
+if ! donor_answers; then
+  if [ -n "${DONOR_REQUIRED:-}" ]; then
+    # Created beside a primary, whose data may be in no binlog (restored from a backup, or
+    # purged): it is copied, never skipped. The Service may lag the primary's label for a
+    # moment; past a minute the step fails and the kubelet runs it again.
+    tries=1
+    until donor_answers; do
+      if [ "$tries" -ge 30 ]; then
+        echo "seed: the primary does not answer at $DONOR ($(head -c 300 "$seed/dump.err")); this server copies it before it starts" >&2
+        exit 1
+      fi
+      tries=$((tries + 1))
+      sleep 2
+    done
+  elif [ -n "${RESTORE_FILE:-}" ]; then
     # The first server of a restored cluster: the backup, loaded without the binlog (the
     # other servers copy this one once it is the primary).
     if [ ! -f "$RESTORE_FILE" ]; then
@@ -322,20 +348,23 @@ if ! mariadb --connect-timeout=5 -h "$DONOR" -u root -e "SELECT 1" >/dev/null 2>
     rm -f "$seed"/dump.*
     echo "seed: restoring $RESTORE_FILE" >&2
     exit 0
+  else
+    echo "seed: no donor answers at $DONOR ($(head -c 300 "$seed/dump.err")): starting empty" >&2
+    rm -f "$seed"/dump.*
+    exit 0
   fi
-  echo "seed: no donor answers at $DONOR ($(head -c 300 "$seed/dump.err")): starting empty" >&2
-  rm -f "$seed"/dump.*
-  exit 0
 fi
 # A donor that answers but whose dump fails fails the Pod's start (the kubelet runs this
 # again): starting empty would replay a binlog the primary may have purged.
 mariadb-dump -h "$DONOR" -u root --all-databases --single-transaction --gtid --master-data=2 \
   --routines --events --triggers --flush-privileges >"$seed/dump.sql.part"
-pos=$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([^']*\)';.*/\1/p" "$seed/dump.sql.part" | head -n 1)
-if [ -z "$pos" ]; then
-  echo "seed: the dump from $DONOR names no GTID (is its binary log on?)" >&2
+# With the binary log on, the dump names its binlog position; its GTID position is absent
+# when the donor's binlog holds no transaction yet (a primary just restored from a backup).
+if [ -z "$(sed -n "/^-- CHANGE MASTER TO MASTER_LOG_FILE=/p" "$seed/dump.sql.part" | head -n 1)" ]; then
+  echo "seed: the dump from $DONOR names no binlog position (is its binary log on?)" >&2
   exit 1
 fi
+pos=$(sed -n "s/^-- SET GLOBAL gtid_slave_pos='\([^']*\)';.*/\1/p" "$seed/dump.sql.part" | head -n 1)
 {
   echo "SET SESSION sql_log_bin = 0;"
   cat "$seed/dump.sql.part"
@@ -409,10 +438,17 @@ pub fn server_pod(
             .mount("data", "/var/lib/mysql")
             .mount("seed", INIT_FILES);
         built = built.annotation(SEED_ANNOTATION, &seed.donor);
+        if seed.required {
+            step = step.env("DONOR_REQUIRED", "1");
+            built = built.annotation(SEED_REQUIRED_ANNOTATION, "true");
+        }
         let mut init = Vec::new();
         if let Some(source) = &seed.restore {
             step = step
-                .env("RESTORE_FILE", &format!("{RESTORE_MOUNT}/{}", source.file()))
+                .env(
+                    "RESTORE_FILE",
+                    &format!("{RESTORE_MOUNT}/{}", source.file()),
+                )
                 .mount("restore", RESTORE_MOUNT);
             built = built.annotation(RESTORE_ANNOTATION, &source.annotation());
             match source {
@@ -722,6 +758,7 @@ mod tests {
             "r1",
             Some(&Seed {
                 donor: donor("db"),
+                required: true,
                 restore: None,
             }),
             Role::Replica,
@@ -731,7 +768,11 @@ mod tests {
             pod["metadata"]["annotations"][SEED_ANNOTATION],
             "db-primary"
         );
-        assert!(pod["metadata"]["annotations"].get(RESTORE_ANNOTATION).is_none());
+        assert!(
+            pod["metadata"]["annotations"]
+                .get(RESTORE_ANNOTATION)
+                .is_none()
+        );
         let seed = &pod["spec"]["initContainers"][0];
         assert_eq!(seed["image"], "mariadb:10.11");
         assert_eq!(seed["command"][2], SEED_SCRIPT);
@@ -772,9 +813,18 @@ mod tests {
         let spec = MariaDBClusterSpec::default();
         let seed = Seed {
             donor: donor("db"),
+            required: false,
             restore: RestoreSource::parse("old-backups/old-20261128T232500Z.sql"),
         };
-        let pod = server_pod("db", "db-0", "mariadb:10.11", "r1", Some(&seed), Role::Replica, &spec);
+        let pod = server_pod(
+            "db",
+            "db-0",
+            "mariadb:10.11",
+            "r1",
+            Some(&seed),
+            Role::Replica,
+            &spec,
+        );
         assert_eq!(
             pod["metadata"]["annotations"][RESTORE_ANNOTATION],
             "old-backups/old-20261128T232500Z.sql"
@@ -786,7 +836,10 @@ mod tests {
                 .contains("/restore/old-20261128T232500Z.sql")
         );
         assert!(step["volumeMounts"].to_string().contains(RESTORE_MOUNT));
-        let volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+        let volumes = pod["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let restore = volumes
             .iter()
             .find(|v| v["name"] == "restore")
@@ -827,7 +880,10 @@ mod tests {
         for wanted in ["db-primary", "db-1.sql", "\"KEEP\"", "db-credentials"] {
             assert!(env.contains(wanted), "{wanted} in {env}");
         }
-        assert!(!BACKUP_SCRIPT.contains("password"), "no password on a command line");
+        assert!(
+            !BACKUP_SCRIPT.contains("password"),
+            "no password on a command line"
+        );
         assert!(pod["spec"]["volumes"].to_string().contains("db-backups"));
         assert_eq!(
             backups_claim("db", &spec).map(|c| c["metadata"]["name"].clone()),
@@ -854,22 +910,43 @@ mod tests {
             }),
             ..MariaDBClusterSpec::default()
         };
-        let pod = backup_pod("db", "ns", "mariadb:10.11", "db-1.sql", "trigger:t", "t0", &spec);
+        let pod = backup_pod(
+            "db",
+            "ns",
+            "mariadb:10.11",
+            "db-1.sql",
+            "trigger:t",
+            "t0",
+            &spec,
+        );
         assert_eq!(pod["spec"]["initContainers"][0]["name"], BACKUP_CONTAINER);
         let upload = &pod["spec"]["containers"][0];
         assert_eq!(upload["name"], UPLOAD_CONTAINER);
         assert_eq!(upload["image"], DEFAULT_MC_IMAGE);
         assert_eq!(
             upload["command"],
-            json!(["mc", "--config-dir", "/mc", "cp", "/backups/db-1.sql", "s3/backups/mariadb/ns/db-1.sql"])
+            json!([
+                "mc",
+                "--config-dir",
+                "/mc",
+                "cp",
+                "/backups/db-1.sql",
+                "s3/backups/mariadb/ns/db-1.sql"
+            ])
         );
         assert_eq!(
             pod["metadata"]["annotations"][BACKUP_LOCATION_ANNOTATION],
             "s3://backups/mariadb/ns/db-1.sql"
         );
         let env = upload["env"].to_string();
-        assert!(env.contains("s3-keys") && env.contains("$(S3_ACCESS_KEY_ID)"), "{env}");
-        assert!(!env.contains("secretAccessKey\":\"") , "keys by reference only");
+        assert!(
+            env.contains("s3-keys") && env.contains("$(S3_ACCESS_KEY_ID)"),
+            "{env}"
+        );
+        assert!(
+            !env.contains("secretAccessKey\":\""),
+            "keys by reference only"
+        );
     }
 
     #[test]
@@ -882,15 +959,30 @@ mod tests {
             image: None,
         };
         let source = RestoreSource::S3(object.clone());
-        assert_eq!(RestoreSource::parse(&source.annotation()), Some(source.clone()));
+        assert_eq!(
+            RestoreSource::parse(&source.annotation()),
+            Some(source.clone())
+        );
         assert_eq!(source.describe(), "s3://backups/mariadb/ns/old-1.sql");
         let seed = Seed {
             donor: donor("db"),
+            required: false,
             restore: Some(source),
         };
         let spec = MariaDBClusterSpec::default();
-        let pod = server_pod("db", "db-0", "mariadb:10.11", "r1", Some(&seed), Role::Replica, &spec);
-        let init = pod["spec"]["initContainers"].as_array().cloned().unwrap_or_default();
+        let pod = server_pod(
+            "db",
+            "db-0",
+            "mariadb:10.11",
+            "r1",
+            Some(&seed),
+            Role::Replica,
+            &spec,
+        );
+        let init = pod["spec"]["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
         assert_eq!(names, ["download", "seed"]);
         assert_eq!(init[0]["command"][4], "s3/backups/mariadb/ns/old-1.sql");

@@ -225,6 +225,7 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
                 .annotation(children::SEED_ANNOTATION)
                 .map(|donor| children::Seed {
                     donor: donor.to_owned(),
+                    required: pod.annotation(children::SEED_REQUIRED_ANNOTATION) == Some("true"),
                     restore: pod
                         .annotation(children::RESTORE_ANNOTATION)
                         .and_then(children::RestoreSource::parse),

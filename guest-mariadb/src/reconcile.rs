@@ -1368,6 +1368,7 @@ fn children_actions(facts: &Facts, verdict: &Verdict, errant: &[String]) -> Vec<
         if server(facts, name).is_none() {
             let seed = children::Seed {
                 donor: children::donor(&facts.name),
+                required: primary.is_some(),
                 restore: restore_into(facts, primary, name),
             };
             actions.push(Action::Apply(children::server_pod(
@@ -2550,6 +2551,7 @@ mod tests {
         let mut loaded = fresh(0);
         loaded.seed = Some(children::Seed {
             donor: children::donor("db"),
+            required: false,
             restore: children::RestoreSource::parse("old-backups/old-1.sql"),
         });
         let mut answered = facts(None, 2, vec![loaded.clone()]);
@@ -2558,9 +2560,11 @@ mod tests {
         assert_eq!(plan.commands, vec![promote_unlinked(0)]);
         let status = written_status(&plan);
         assert_eq!(status["restoredFrom"], "old-backups/old-1.sql");
-        assert!(plan.actions.iter().any(
-            |a| matches!(a, Action::RecordEvent(e) if e.reason == "Restored")
-        ));
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::RecordEvent(e) if e.reason == "Restored"))
+        );
         let mut primary_now = facts(Some(0), 2, vec![primary(0, "")]);
         primary_now.servers[0].seed = loaded.seed.clone();
         primary_now.spec.restore = Some(restore);
@@ -2572,11 +2576,11 @@ mod tests {
             .collect();
         assert_eq!(names, ["db-0", "db-1", "db-2"]);
         for replica in &pods[1..] {
+            let annotations = &replica["metadata"]["annotations"];
             assert!(
-                replica["metadata"]["annotations"]
-                    .get(children::RESTORE_ANNOTATION)
-                    .is_none(),
-                "a replica copies the primary: {replica}"
+                annotations.get(children::RESTORE_ANNOTATION).is_none()
+                    && annotations[children::SEED_REQUIRED_ANNOTATION] == "true",
+                "a replica copies the primary, waiting for it: {replica}"
             );
         }
         assert_eq!(
@@ -2598,7 +2602,11 @@ mod tests {
         let mut healthy = facts(
             Some(0),
             2,
-            vec![primary(0, "0-1-10"), replica(1, 0, "0-1-10"), replica(2, 0, "0-1-10")],
+            vec![
+                primary(0, "0-1-10"),
+                replica(1, 0, "0-1-10"),
+                replica(2, 0, "0-1-10"),
+            ],
         );
         healthy.spec.backup = Some(backup.clone());
         let plan = decide(&healthy);

@@ -365,7 +365,7 @@ fn crdgen(root: &Path, check: bool) -> anyhow::Result<()> {
 /// its own pods and the Secret `<parent>-credentials` (generated when absent), etcd-restore
 /// none (it only creates an EtcdCluster); and the images their pods may run: the etcd images
 /// (upstream's and the classic operator's) and `minio/mc` for the etcd plugins, `redis` for
-/// redis, `mariadb` for mariadb.
+/// redis, `mariadb` and `minio/mc` (backups to S3) for mariadb.
 fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
     let plugins: [(&str, &str, &[&str], &str, &str); 5] = [
         (
@@ -422,6 +422,8 @@ fn pack_policies(root: &Path, check: bool) -> anyhow::Result<()> {
                 "mysql",
                 "--grant-image",
                 "mariadb",
+                "--grant-image",
+                "minio/mc",
                 "--grant-secret",
                 "{parent}-credentials:root-password,replication-password",
             ],

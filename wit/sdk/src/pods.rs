@@ -408,10 +408,21 @@ mod tests {
                 {"name": "first", "state": {"terminated": {"exitCode": 0, "message": "done"}}},
             ]},
         }));
-        assert_eq!(ended.termination_message("backup"), Some("file=a.sql rows=3"));
-        assert_eq!(ended.termination_message("quiet"), None, "an empty message is none");
+        assert_eq!(
+            ended.termination_message("backup"),
+            Some("file=a.sql rows=3")
+        );
+        assert_eq!(
+            ended.termination_message("quiet"),
+            None,
+            "an empty message is none"
+        );
         assert_eq!(ended.termination_message("absent"), None);
-        assert_eq!(ended.termination_message("first"), Some("done"), "an init container's");
+        assert_eq!(
+            ended.termination_message("first"),
+            Some("done"),
+            "an init container's"
+        );
         let running = pod(json!({
             "metadata": {"name": "db-backup"},
             "status": {"phase": "Running", "containerStatuses": [{"name": "backup", "state": {"running": {}}}]},
