@@ -157,11 +157,8 @@ pub fn plan(
         return plan;
     };
     let recorded = status.get_or_insert_with(BackupStatus::default);
-    plan.actions.extend(
-        children::backups_claim(parent, spec)
-            .map(Action::Apply)
-            .into_iter(),
-    );
+    plan.actions
+        .extend(children::backups_claim(parent, spec).map(Action::Apply));
     let every = backup.every.as_deref().and_then(parse_duration);
     let mut running = false;
     match pod {
