@@ -46,10 +46,6 @@ const POD_SUBNET: &str = "10.244.0.0/24";
 pub const NODE_NAME: &str = "policy-host-node";
 /// The cluster's DNS domain.
 const CLUSTER_DOMAIN: &str = "cluster.local";
-/// Set (to any value) for a test process that must not start a node: `cargo xtask test` sets
-/// it for the test binaries it runs beside the ones that do.
-pub const NO_NODE_VARIABLE: &str = "POLICY_HOST_TEST_NO_NODE";
-
 /// The machine-wide lock that lets one node run at a time.
 const LOCK_FILE: &str = "/run/lock/policy-host-node.lock";
 /// cgroup v1 hierarchies the kubelet places pods in; each needs the cgroup root to exist.
@@ -70,17 +66,6 @@ impl NodeNetwork {
     /// to end), removes what a killed earlier node left, and makes the bridge [`BRIDGE`] with
     /// [`NODE_IP`]/24.
     pub fn create(wait: Duration) -> Result<NodeNetwork> {
-        // `cargo xtask test` runs the test binaries that need no node beside those that do;
-        // one of the first kind that starts a node would wait for the suites' node (minutes)
-        // and then fail on the lock: it fails now, saying where it belongs.
-        if std::env::var_os(NO_NODE_VARIABLE).is_some() {
-            return Err(Error::Command {
-                what: "starting a real node".into(),
-                output: format!(
-                    "{NO_NODE_VARIABLE} is set: `cargo xtask test` runs this test binary beside the end-to-end suites, where no node may start; name it in NODE_TESTS in xtask/src/test_lanes.rs"
-                ),
-            });
-        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)

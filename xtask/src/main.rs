@@ -11,7 +11,6 @@
 
 mod demo;
 mod new_plugin;
-mod test_lanes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,7 +31,7 @@ enum Task {
     Setup,
     /// Run setup, then every test of the workspace (unit, sandbox, end-to-end).
     Test {
-        /// Extra arguments for every test binary (what `cargo test -- <args>` passes), e.g. a filter.
+        /// Extra arguments for `cargo test` (after `--`).
         #[arg(last = true)]
         cargo_test_args: Vec<String>,
     },
@@ -147,12 +146,13 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     step(
         "cargo test --workspace --no-run (the test binaries, beside the plugins and the Go programs)",
     );
-    let built = test_lanes::build();
+    let built =
+        run(policy_host_test_plugins::cargo_command().args(["test", "--workspace", "--no-run"]));
     let plugins_built = plugins_built
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the plugin build thread panicked")));
     let go_built = go.wait();
-    let binaries = built?;
+    built?;
     plugins_built?;
     go_built?;
     let log = root.join("target/build-binaries-helm.log");
@@ -181,15 +181,12 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     )?;
     let images_root = root.to_owned();
     let images_made = std::thread::spawn(move || declared_images(&images_root));
-    step(
-        "the test binaries (unit, sandbox and end-to-end suites): those with a real node one after another, the rest beside them",
-    );
-    let args: Vec<String> = ["--test-threads", "4"]
-        .into_iter()
-        .map(String::from)
-        .chain(cargo_test_args.iter().cloned())
-        .collect();
-    let tested = test_lanes::run(binaries, &args, &root.join("target/test-logs"));
+    step("cargo test --workspace (unit, sandbox and end-to-end suites)");
+    let tested = run(policy_host_test_plugins::cargo_command()
+        // Not --all-targets: benches are bench binaries, run by `cargo bench`.
+        .args(["test", "--workspace"])
+        .args(["--", "--test-threads", "4"])
+        .args(cargo_test_args));
     if tested.is_err() {
         late.stop();
     }

@@ -55,7 +55,7 @@ pub fn cargo_command() -> Command {
 }
 
 /// Removes from `command`'s environment what cargo sets for the program it runs.
-pub fn as_top_level(command: &mut Command) -> &mut Command {
+fn as_top_level(command: &mut Command) -> &mut Command {
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
         if name.starts_with("CARGO_PKG_")
