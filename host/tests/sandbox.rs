@@ -14,6 +14,12 @@ use serde_json::json;
 const DEADLINE: Duration = Duration::from_millis(500);
 
 async fn misbehaving(sandbox: &Sandbox) -> Plugin {
+    misbehaving_within(sandbox, DEADLINE).await
+}
+
+/// The misbehaving plugin with another `deadline`: for a test about something other than time,
+/// whose decision must not hit the deadline on a loaded machine.
+async fn misbehaving_within(sandbox: &Sandbox, deadline: Duration) -> Plugin {
     let path = policy_host_test_plugins::build("misbehaving-policy").expect("plugin builds");
     let bytes = std::fs::read(&path).expect("plugin file readable");
     sandbox
@@ -21,7 +27,7 @@ async fn misbehaving(sandbox: &Sandbox) -> Plugin {
             "misbehaving.wasm",
             &bytes,
             Limits {
-                deadline: DEADLINE,
+                deadline,
                 memory_bytes: 32 << 20,
                 output_bytes: 1 << 20,
             },
@@ -357,7 +363,9 @@ fn a_plugin_cannot_flood_the_host_log() {
     let _guard = tracing::subscriber::set_default(counter.clone());
     runtime.block_on(async {
         let sandbox = Sandbox::new().expect("sandbox");
-        let plugin = misbehaving(&sandbox).await;
+        // 100,000 log calls in a debug build took over 500 ms beside the end-to-end suites
+        // (the cold CI run of 2026-11-29): this test counts lines, not time.
+        let plugin = misbehaving_within(&sandbox, Duration::from_secs(30)).await;
         plugin
             .reconcile(
                 &observation("log-flood", json!({ "count": 100_000 })),

@@ -38,13 +38,14 @@ const FAILED_OVER: Duration = Duration::from_secs(120);
 /// One write's whole round trip, a commit waiting for a replica's acknowledgement included.
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Two example clusters on the node at a time. Four at once beside the other suites (the whole
+/// One example cluster on the node at a time. Four at once beside the other suites (the whole
 /// CI run) left some Pods Pending for minutes, never bound to the node (2026-11-28 night): the
 /// example asks 250m CPU per server, so four examples asked for 3 of the node's 2 CPUs before
-/// the other suites' Pods. The tests now ask [`TEST_CPU_REQUEST`] per server and two clusters
-/// run at once, which keeps the MariaDB tests (ten, a minute or two each) off the suites'
-/// critical path. The namespace's Events (the scheduler's reasons) are printed on a failure.
-static CLUSTER_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// the other suites' Pods. The tests now ask [`TEST_CPU_REQUEST`] per server; they still take
+/// turns, because two at once beside the other suites, in a cold CI run on 2 cores, came with
+/// etcd suites timing out (2026-11-29, BENCHMARKS.md). The namespace's Warning Events (the
+/// scheduler's reasons) are printed on a failure.
+static CLUSTER_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// The CPU request of each example server in the tests (the example asks 250m): what they use
 /// while idle, so the scheduler never holds one back on a busy 2-CPU node.
@@ -162,6 +163,22 @@ impl ExampleCluster {
             .map(|value| String::from_utf8_lossy(&value.0).into_owned())
             .ok_or_else(|| anyhow::anyhow!("the credentials Secret has no root-password"))?;
         Ok(cluster)
+    }
+
+    /// Starts the example ([`ExampleCluster::start`]), runs `test` on it, prints the logs when
+    /// it fails ([`ExampleCluster::print_logs`]) and stops the host: each test's frame.
+    async fn run(
+        prefix: &str,
+        test: impl AsyncFnOnce(&ExampleCluster) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        init_logging();
+        let cluster = ExampleCluster::start(prefix).await?;
+        let outcome = test(&cluster).await;
+        if outcome.is_err() {
+            cluster.print_logs().await;
+        }
+        cluster.host.stop().await;
+        outcome
     }
 
     /// The primary the status names (`currentPrimary`), once one `accept` takes is there with
@@ -346,9 +363,19 @@ impl ExampleCluster {
                 }
             }
         }
+        // Every Pod's log: the example's servers, and whatever else the test made (a backup,
+        // another cluster).
+        let pods = self
+            .pods
+            .list(&kube::api::ListParams::default())
+            .await
+            .map(|list| list.items)
+            .unwrap_or_default();
+        for pod in pods.iter().filter_map(|p| p.metadata.name.as_deref()) {
+            eprintln!("{}", self.env.pod_logs(&self.namespace, pod).await);
+        }
         for ordinal in 0..4 {
             let pod = format!("{}-{ordinal}", self.name);
-            eprintln!("{}", self.env.pod_logs(&self.namespace, &pod).await);
             // What each server holds and whom it follows: the evidence a failover is judged by.
             // One query at a time: a table a test did not create fails only its own line.
             let answer = match self.ready_ip(&pod).await {
@@ -376,9 +403,7 @@ impl ExampleCluster {
 /// with the root password the host generated for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-example").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-example", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
         let written = cluster
             .query(
@@ -409,10 +434,8 @@ async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::R
         })
         .await?;
         Ok(())
-    }
-    .await;
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// One write, `INSERT` of `key` on its own connection, acknowledged only when the client
@@ -491,9 +514,7 @@ async fn a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost() -> an
 }
 
 async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start(prefix).await?;
-    let outcome = async {
+    ExampleCluster::run(prefix, async |cluster| {
         let (old, ip) = cluster.primary(CREATED, |_| true).await?;
         // The application's own account: root's `READ ONLY ADMIN` would let the writer's
         // writes land on a crashed primary back in place as a read-only server, "acknowledged"
@@ -683,13 +704,8 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
             );
         }
         one_writable(&cluster, &new).await
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// The key the client beside a cut-off primary writes (the writer's keys count from 1).
@@ -740,9 +756,7 @@ struct WritesThroughSwitchover {
 /// acknowledged write (a figure for BENCHMARKS.md, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-switchover").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-switchover", async |cluster| {
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
         // The application's own account, as README advises: without `READ ONLY ADMIN`, so
         // `read_only` refuses its writes.
@@ -869,13 +883,8 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
             "the status records the switchover: {status}"
         );
         one_writable(&cluster, &target).await
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// `spec.config` changed (`max_connections`) while a client writes to whichever server takes
@@ -887,9 +896,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses_no_acknowledged_write()
 -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-rolling").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-rolling", async |cluster| {
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.writers_table(&old_ip)?;
         cluster.replicating(2).await?;
@@ -1062,13 +1069,8 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
             .await?;
         }
         one_writable(&cluster, &new).await
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// A backup on demand (`spec.backup.trigger`) of the example holding 500 rows, to its claim and
@@ -1081,11 +1083,9 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row()
 -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-backup").await?;
-    let from_claim = "from-claim";
-    let from_s3 = "from-s3";
-    let outcome = async {
+    ExampleCluster::run("mariadb-backup", async |cluster| {
+        let from_claim = "from-claim";
+        let from_s3 = "from-s3";
         let minio = Minio::start(cluster.env).await?;
         minio.mc(&["mb", "s3/backups"]).await?;
         let secrets: Api<Secret> =
@@ -1279,22 +1279,8 @@ async fn a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_ro
             restore_took.as_secs_f64()
         );
         Ok(())
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-        let pods = [
-            format!("{}-backup", cluster.name),
-            format!("{from_claim}-0"),
-            format!("{from_claim}-1"),
-            format!("{from_s3}-0"),
-        ];
-        for pod in pods {
-            eprintln!("{}", cluster.env.pod_logs(&cluster.namespace, &pod).await);
-        }
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// A figure, not a CI test (minutes, and some GiB of disk): the example holding 1 GiB (2^20
@@ -1308,9 +1294,7 @@ async fn figure_a_replica_added_beside_a_gibibyte_is_seeded_and_replicating() ->
 {
     const ROWS: u64 = 1 << 20;
     const PER_STATEMENT: u64 = 1 << 16;
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-gib").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-gib", async |cluster| {
         let (_, ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.query(
             &ip,
@@ -1365,13 +1349,8 @@ async fn figure_a_replica_added_beside_a_gibibyte_is_seeded_and_replicating() ->
             asked.elapsed().as_secs_f64()
         );
         Ok(())
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// Every binlog holding the first rows purged on the primary (`PURGE BINARY LOGS`), so a
@@ -1382,9 +1361,7 @@ async fn figure_a_replica_added_beside_a_gibibyte_is_seeded_and_replicating() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_every_row()
 -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-seed").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-seed", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.query(
             &ip,
@@ -1457,13 +1434,8 @@ async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_eve
         cluster.query(&ip, "INSERT INTO e2e.s VALUES (5)")?;
         replicated(5).await?;
         one_writable(&cluster, &primary).await
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
 
 /// `spec.replicas` 2 → 1 → 3 → 1 (the 1 → 3 → 1, from the example's 2) with a row
@@ -1473,9 +1445,7 @@ async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_eve
 /// writes throughout. Prints how long the scale-up took (a figure, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> anyhow::Result<()> {
-    init_logging();
-    let cluster = ExampleCluster::start("mariadb-scale").await?;
-    let outcome = async {
+    ExampleCluster::run("mariadb-scale", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.query(
             &ip,
@@ -1555,11 +1525,6 @@ async fn replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> an
             "the primary {primary} takes writes after every change: {answer}"
         );
         Ok(())
-    }
-    .await;
-    if outcome.is_err() {
-        cluster.print_logs().await;
-    }
-    cluster.host.stop().await;
-    outcome
+    })
+    .await
 }
