@@ -230,6 +230,10 @@ pub fn gather(observation: &Observation, app: &mut dyn AppCall) -> Result<Gather
                         .annotation(children::RESTORE_ANNOTATION)
                         .and_then(children::RestoreSource::parse),
                 }),
+            seed_failing: ["download", "seed"]
+                .into_iter()
+                .find(|step| pod.init_waiting_reason(step) == Some("CrashLoopBackOff"))
+                .map(str::to_owned),
             pod: state,
             probe,
         });

@@ -87,6 +87,9 @@ pub struct Server {
     /// Its seed step's donor and backup, if it was created with one
     /// ([`children::SEED_ANNOTATION`], [`children::RESTORE_ANNOTATION`]).
     pub seed: Option<children::Seed>,
+    /// The init container (`seed`, or the backup's `download`) that keeps failing
+    /// (`CrashLoopBackOff`), if one does: the server will not start by itself.
+    pub seed_failing: Option<String>,
     /// The Pod's state.
     pub pod: PodState,
     /// Its answer, or why there is none.
@@ -647,7 +650,22 @@ fn elect(facts: &Facts, commands: &mut Vec<Command>, events: &mut Vec<Action>) -
         .filter(|n| server(facts, n).and_then(Server::answer).is_none())
         .collect();
     if !missing.is_empty() {
+        // A server whose seed step keeps failing never starts by itself: with a backup to
+        // restore, that is the backup (a file not on the claim, an object the store does not
+        // serve), and only the user can fix it.
+        let failing_restore = facts.servers.iter().find_map(|s| {
+            let step = s.seed_failing.as_deref()?;
+            let source = s.seed.as_ref()?.restore.as_ref()?;
+            Some(format!(
+                "{} cannot load the backup {}: its init container `{step}` keeps failing; `kubectl logs {} -c {step}` says why (a file not on the claim, an object the store does not serve, wrong keys); fix spec.restore, then delete the Pod {} to try again",
+                s.name,
+                source.describe(),
+                s.name,
+                s.name
+            ))
+        });
         return Verdict {
+            degraded: failing_restore.map(|message| ("RestoreFailed", message)),
             progressing: Some(format!(
                 "waiting for {} to answer before electing the first primary",
                 missing.join(", ")
@@ -1492,6 +1510,7 @@ mod tests {
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
             seed: None,
+            seed_failing: None,
             pod: PodState::Running { ready: true },
             probe: Ok(probe),
         }
@@ -1593,6 +1612,7 @@ mod tests {
             image: "mariadb:10.11".into(),
             config_revision: children::config_revision(&MariaDBClusterSpec::default()),
             seed: None,
+            seed_failing: None,
             pod,
             probe: Err("unreachable".into()),
         }
@@ -2587,6 +2607,38 @@ mod tests {
             pods[0]["metadata"]["annotations"][children::RESTORE_ANNOTATION],
             "old-backups/old-1.sql",
             "the restored server keeps the Pod it was created with"
+        );
+    }
+
+    #[test]
+    fn a_restore_whose_first_server_cannot_load_the_backup_is_degraded_saying_where_to_look() {
+        let mut stuck = facts(None, 2, vec![silent(0, PodState::Pending)]);
+        stuck.spec.restore = Some(crate::spec::Restore {
+            claim: Some("old-backups".into()),
+            file: Some("gone.sql".into()),
+            s3: None,
+        });
+        stuck.servers[0].seed = Some(children::Seed {
+            donor: children::donor("db"),
+            required: false,
+            restore: children::RestoreSource::parse("old-backups/gone.sql"),
+        });
+        stuck.servers[0].seed_failing = Some("seed".into());
+        let plan = decide(&stuck);
+        let degraded = condition(&plan, "Degraded");
+        assert_eq!(degraded["status"], "True");
+        assert_eq!(degraded["reason"], "RestoreFailed");
+        let message = degraded["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("old-backups/gone.sql")
+                && message.contains("kubectl logs db-0 -c seed"),
+            "{message}"
+        );
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::RecordEvent(e) if e.reason == "RestoreFailed")),
+            "a Warning Event"
         );
     }
 

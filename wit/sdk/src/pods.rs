@@ -225,6 +225,20 @@ impl ObservedPod {
             .as_deref()
     }
 
+    /// Why init container `container` is waiting, e.g. `CrashLoopBackOff` for a step that
+    /// keeps failing (the Pod's main containers never start); `None` while it runs or once it
+    /// is done.
+    pub fn init_waiting_reason(&self, container: &str) -> Option<&str> {
+        self.init_container_statuses
+            .iter()
+            .find(|s| s.name == container)?
+            .state
+            .waiting
+            .as_ref()?
+            .reason
+            .as_deref()
+    }
+
     /// When the `Ready` condition last changed (its `lastTransitionTime`, RFC 3339): since
     /// when the Pod has been Ready, or not Ready. `None` before the kubelet reported it.
     pub fn ready_changed_at(&self) -> Option<&str> {
@@ -406,6 +420,7 @@ mod tests {
                 {"name": "quiet", "state": {"terminated": {"exitCode": 0, "message": ""}}},
             ], "initContainerStatuses": [
                 {"name": "first", "state": {"terminated": {"exitCode": 0, "message": "done"}}},
+                {"name": "again", "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
             ]},
         }));
         assert_eq!(

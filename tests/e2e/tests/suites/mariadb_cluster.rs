@@ -624,7 +624,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
 
         if new == old {
             eprintln!("mariadb failover ({fault:?}): {old} restarted and stayed the primary");
-            return one_writable(&cluster, &new).await;
+            return one_writable(cluster, &new).await;
         }
         // The old primary's Pod is back on its claim, read-only: a replica of the new primary
         // when it holds nothing the new one lacks, or else quarantined as errant (listed in
@@ -703,7 +703,7 @@ async fn primary_lost_under_a_writer(prefix: &str, fault: PrimaryFault) -> anyho
                 "the commit that waited on the cut-off {old} was acknowledged, and the new primary {new} lacks it"
             );
         }
-        one_writable(&cluster, &new).await
+        one_writable(cluster, &new).await
     })
     .await
 }
@@ -882,7 +882,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
                     .is_some_and(|s| s.split('@').next() == Some(target.as_str())),
             "the status records the switchover: {status}"
         );
-        one_writable(&cluster, &target).await
+        one_writable(cluster, &target).await
     })
     .await
 }
@@ -1068,7 +1068,7 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
             })
             .await?;
         }
-        one_writable(&cluster, &new).await
+        one_writable(cluster, &new).await
     })
     .await
 }
@@ -1078,7 +1078,8 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
 /// fresh server in the backup Pod, uploaded only then, and listed in `status.backup` with what
 /// it holds and where it went. Then two new clusters restored from it (`spec.restore`), one from
 /// the claim (with a replica, which copies the restored primary) and one from the object in the
-/// store: each holds exactly those 500 rows, none written after the backup. Prints how long the
+/// store: each holds exactly those 500 rows, none written after the backup; a third, from a
+/// file that is not on the claim, is `Degraded` with reason `RestoreFailed`. Prints how long the
 /// backup and the restores took (figures, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row()
@@ -1272,6 +1273,47 @@ async fn a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_ro
             }
         }
         let restore_took = asked.elapsed();
+
+        // A backup that is not on the claim: the cluster says so, it does not wait in silence.
+        let missing = serde_json::json!({
+            "apiVersion": "mariadb.policy-host.io/v1alpha1",
+            "kind": "MariaDBCluster",
+            "metadata": {"name": "from-nothing"},
+            "spec": {"version": version, "replicas": 0, "restore": {
+                "claim": format!("{}-backups", cluster.name), "file": "example-db-none.sql"}},
+        });
+        cluster
+            .clusters
+            .patch(
+                "from-nothing",
+                &PatchParams::apply("mariadb-e2e").force(),
+                &Patch::Apply(&missing),
+            )
+            .await?;
+        eventually("a restore of a missing backup reported", CREATED, || async {
+            let status = cluster
+                .clusters
+                .get("from-nothing")
+                .await
+                .map_err(|e| e.to_string())?
+                .data["status"]
+                .clone();
+            status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c["type"] == "Degraded"
+                        && c["status"] == "True"
+                        && c["reason"] == "RestoreFailed"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("example-db-none.sql"))
+                })
+                .map(drop)
+                .ok_or_else(|| format!("status {status}"))
+        })
+        .await?;
         eprintln!(
             "mariadb backup and restore: {file} ({} bytes, 500 rows) proven, uploaded and listed {:.1} s after the trigger; two clusters restored from it (claim, with a replica; S3) Healthy {:.1} s after they were applied",
             record["bytes"],
@@ -1305,7 +1347,8 @@ async fn figure_a_replica_added_beside_a_gibibyte_is_seeded_and_replicating() ->
             let last = first + PER_STATEMENT - 1;
             cluster.query(
                 &ip,
-                &format!("INSERT INTO e2e.big WITH RECURSIVE s(k) AS (SELECT {first} UNION ALL SELECT k + 1 FROM s WHERE k < {last}) SELECT k, REPEAT('x', 1000) FROM s"),
+                // MariaDB stops a recursive CTE at 1,000 iterations by default.
+                &format!("SET SESSION max_recursive_iterations = {PER_STATEMENT}; INSERT INTO e2e.big WITH RECURSIVE s(k) AS (SELECT {first} UNION ALL SELECT k + 1 FROM s WHERE k < {last}) SELECT k, REPEAT('x', 1000) FROM s"),
             )?;
         }
         let loaded = loading.elapsed();
@@ -1433,7 +1476,7 @@ async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_eve
         // And it replicates on from where the copy ended.
         cluster.query(&ip, "INSERT INTO e2e.s VALUES (5)")?;
         replicated(5).await?;
-        one_writable(&cluster, &primary).await
+        one_writable(cluster, &primary).await
     })
     .await
 }
