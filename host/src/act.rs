@@ -265,6 +265,8 @@ pub struct Executor {
     grants: Grants,
     /// The host's last apply of every child, shared by every clone.
     applied: AppliedChildren,
+    /// The [`crate::shard::CHILD_SHARD_LABEL`] value every applied child carries (sharded hosts).
+    child_shard: Option<String>,
 }
 
 /// Events one policy's executor publishes per minute at most. kube's Recorder keeps every
@@ -368,6 +370,7 @@ impl Executor {
             act_deadline: ACT_DEADLINE,
             grants: Grants::default(),
             applied: AppliedChildren::default(),
+            child_shard: None,
         }
     }
 
@@ -403,6 +406,13 @@ impl Executor {
     /// `metrics` for `policy`.
     pub fn with_metrics(mut self, metrics: Metrics, policy: &str) -> Self {
         self.metrics = Some((metrics, policy.to_string()));
+        self
+    }
+
+    /// The same executor, labelling every child it applies with `label` (the value of
+    /// [`crate::shard::CHILD_SHARD_LABEL`] for the shard this host serves; `None`: unsharded).
+    pub fn with_child_shard(mut self, label: Option<String>) -> Self {
+        self.child_shard = label;
         self
     }
 
@@ -733,6 +743,11 @@ impl Executor {
             .as_object_mut()
             .ok_or_else(|| self.refused(format!("{kind_name} `{name}` has non-object labels")))?;
         labels.insert(POLICY_LABEL.into(), json!(self.info.name));
+        // A sharded host's child caches select on its shard: a child without the label would
+        // be invisible to the very shard that applied it.
+        if let Some(shard) = &self.child_shard {
+            labels.insert(crate::shard::CHILD_SHARD_LABEL.into(), json!(shard));
+        }
         // The body without the uid: the uid is compared on its own, and the first apply after
         // a create (which carries none) then counts as the same body as the next.
         let body = applied::digest(&object);

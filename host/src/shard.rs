@@ -40,10 +40,26 @@
 //! deployments before starting the new ones (the Leases are named per shard index, so an old
 //! and a new shard `i` would otherwise share one).
 //!
-//! **Not sharded: the child caches.** A child's owner is known, its owner's labels are not, so
-//! each shard still caches every child of its policies (label-selected as before). Sharding
-//! splits the decisions and the parents; the children's memory is paid by every shard
-//! (BENCHMARKS.md, "Two shards on one machine"). Nor is plugin loading: every shard's leader
+//! **The children follow their parent.** With more than one shard, the host labels every
+//! child it applies with its parent's shard (`policy-host.io/owner-shard=<i>-of-<n>`), and each
+//! shard's child watches select on that label, so a shard caches only its own parents'
+//! children and two shards each hold about half of one host's children (BENCHMARKS.md, "Two
+//! shards on one machine"). A child's owner is known, its owner's shard is not, so the label
+//! is what the API server can filter on. A parent new to a shard (created, moved by its label,
+//! or left by a host that ran with another count) is not decided until its children are the
+//! shard's: the shard lists the children of the parent's namespace that the parent controls,
+//! labels those not yet labelled for it, records on the parent that its children are labelled
+//! for this shard (`policy-host.io/children-shard`), and decides once its cache holds them
+//! (`controller::adopt`). A decision on a view without them would recreate or write off
+//! children that exist. The old shard is not needed for this (it may be down), and a write it
+//! still had under way may label a child back to itself: the next apply by the new shard
+//! labels it again, and until then the new shard's view lacks that child, the same window as
+//! any in-flight write of the old shard's (above). An object made by anyone but the host that
+//! is to count as a child (labelled for the policy, controlled by the parent) must carry the
+//! label too when it is created after its parent came to its shard: a shard cannot see what
+//! its watches do not select.
+//!
+//! Nor is plugin loading: every shard's leader
 //! loads the plugin ConfigMaps, records their load Events and publishes `policy-host-status`
 //! (the shards load the same ConfigMaps, so they publish the same plugins; the last writer's
 //! load times stand).
@@ -53,6 +69,14 @@ use kube::api::DynamicObject;
 
 /// The label an admin sets on a parent to choose its shard (a decimal shard index).
 pub const SHARD_LABEL: &str = "policy-host.io/shard";
+
+/// The label the host sets on every child it applies when there is more than one shard: the
+/// shard of the child's parent ([`Shard::child_label`]), which that shard's child watches select.
+pub const CHILD_SHARD_LABEL: &str = "policy-host.io/owner-shard";
+
+/// The annotation the host sets on a parent once its children carry its shard's
+/// [`CHILD_SHARD_LABEL`] (the same value): the parent's children need no relabelling.
+pub const CHILDREN_SHARD_ANNOTATION: &str = "policy-host.io/children-shard";
 
 /// The shard this host serves: `index` of `count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +173,13 @@ impl Shard {
         }
     }
 
+    /// The value of [`CHILD_SHARD_LABEL`] on this shard's parents' children, `<index>-of-<count>`
+    /// (the count too: shard 1 of 2 and shard 1 of 3 own different parents); `None` for the only
+    /// shard, whose children carry no shard label and whose caches select on the policy alone.
+    pub fn child_label(&self) -> Option<String> {
+        (self.count > 1).then(|| format!("{}-of-{}", self.index, self.count))
+    }
+
     /// Which shard the parent `namespace`/`name`, with the shard label `label` if it has one,
     /// belongs to.
     pub fn assign(&self, namespace: &str, name: &str, label: Option<&str>) -> Assignment {
@@ -224,6 +255,15 @@ mod tests {
         ] {
             assert_eq!(stable_hash(text), hash, "fnv1a64({text:?})");
         }
+    }
+
+    #[test]
+    fn children_are_labelled_with_their_parents_shard_only_when_there_are_shards() {
+        assert_eq!(Shard::whole().child_label(), None);
+        assert_eq!(shard(0, 2).child_label().as_deref(), Some("0-of-2"));
+        // A label value (alphanumerics, `-`, `_`, `.`), and another count is another label.
+        assert_eq!(shard(1, 3).child_label().as_deref(), Some("1-of-3"));
+        assert_ne!(shard(1, 2).child_label(), shard(1, 3).child_label());
     }
 
     /// One situation: a parent `prod/db` with `label`, among `count` shards.

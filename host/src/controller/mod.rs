@@ -9,10 +9,12 @@
 //!
 //! [`reconcile`] is the data path, one step per module: the version that decides under a
 //! staged rollout and the tally of its outcome ([`rollout`]), the own-write deferral
-//! ([`own_writes`]), the finalizers ([`finalizers`]), the finalize branch ([`finalize`]),
+//! ([`own_writes`]), the finalizers ([`finalizers`]), a sharded host's adoption of the children
+//! of a parent new to its shard ([`adopt`]), the finalize branch ([`finalize`]),
 //! the shadow dispatch ([`shadow`]), the chaos drill ([`drill`]), the requeue ([`requeue`]) and
 //! the retry of a failed reconcile ([`retry`]).
 
+mod adopt;
 mod drill;
 mod finalize;
 mod finalizers;
@@ -32,7 +34,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::act::{ActError, Carried, Executor, POLICY_LABEL, api_resource};
+use crate::act::{ActError, Carried, Executor, api_resource};
 use crate::capability::credentials::{CredentialParent, CredentialSource, LiveCredentials};
 use crate::capability::metrics::MetricReport;
 use crate::capability::scope::AppCallScope;
@@ -41,7 +43,7 @@ use crate::contract::Action;
 use crate::decide::DecideError;
 use crate::metrics::Metrics;
 use crate::observe::admission::{CacheLimits, DEFAULT_CHILD_LIMITS, DEFAULT_PARENT_LIMITS};
-use crate::observe::cache::{CacheBounds, watch_children, watch_parents};
+use crate::observe::cache::{CacheBounds, child_selector, watch_children, watch_parents};
 use crate::observe::{CachedChild, ChildCache, Observed, observe};
 use crate::policy_store::{LoadedPolicy, PolicyStore};
 use crate::shadow::ComparableDecision;
@@ -143,6 +145,9 @@ pub enum ReconcileError {
         /// The parent's namespace.
         namespace: String,
     },
+    /// The children of a parent new to this shard could not be labelled for it.
+    #[error(transparent)]
+    Adopt(#[from] adopt::AdoptError),
     /// The host's own bookkeeping write (finalizer) failed.
     #[error(
         "updating the finalizer of {parent} failed: {}",
@@ -169,6 +174,7 @@ impl ReconcileError {
             ReconcileError::Setup(_) => "HostSetupFailed",
             ReconcileError::Finalizer { .. } => "FinalizerUpdateFailed",
             ReconcileError::ChildCacheFull { .. } => "ChildCacheFull",
+            ReconcileError::Adopt(_) => "ChildrenNotAdopted",
         }
     }
 }
@@ -200,6 +206,10 @@ pub struct PolicyController {
     requeues: Arc<Requeues>,
     /// Which version last decided for each parent (staged rollouts).
     placements: Arc<Placements>,
+    /// The shard this host serves: its child caches hold only its parents' children.
+    shard: Shard,
+    /// The children of parents new to this shard, until its caches hold them.
+    arrivals: adopt::Arrivals,
 }
 
 /// Options for a policy's controller.
@@ -315,7 +325,9 @@ pub async fn run(
     for kind in &info.children {
         let resource = api_resource(kind);
         let children = scoped_api(&client, &resource, namespace);
-        let config = watcher::Config::default().labels(&format!("{POLICY_LABEL}={policy}"));
+        // A sharded host caches only its own parents' children: the host labels each child it
+        // applies with its parent's shard ([`adopt`] labels those it finds unlabelled).
+        let config = watcher::Config::default().labels(&child_selector(&policy, options.shard));
         let (cache, stream) = watch_children(
             children,
             kind.clone(),
@@ -354,7 +366,8 @@ pub async fn run(
     let tls = crate::capability::tls::AppTls::new(client.clone());
     let context = Arc::new(PolicyController {
         executor: Executor::new(client.clone(), loaded.plugin.label(), &info)
-            .with_metrics(metrics.clone(), &policy),
+            .with_metrics(metrics.clone(), &policy)
+            .with_child_shard(options.shard.child_label()),
         client,
         store,
         policy: policy.clone(),
@@ -372,6 +385,8 @@ pub async fn run(
         chaos,
         requeues,
         placements,
+        shard: options.shard,
+        arrivals: adopt::Arrivals::default(),
     });
     tracing::info!(
         policy = %policy,
@@ -542,6 +557,9 @@ async fn reconcile_with(
         .await?
     {
         return Ok(settled);
+    }
+    if let Some(adopting) = ctx.adopt_children(&parent, &label).await? {
+        return Ok(adopting);
     }
 
     if let Some(full) = ctx

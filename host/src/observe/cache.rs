@@ -118,6 +118,19 @@ impl ChildCache {
     }
 }
 
+/// The label selector of a policy's child watches: the policy's label, and on a sharded host
+/// the shard's ([`Shard::child_label`]), so that a shard caches only its own parents' children.
+pub fn child_selector(policy: &str, shard: Shard) -> String {
+    match shard.child_label() {
+        Some(label) => format!(
+            "{}={policy},{}={label}",
+            crate::act::POLICY_LABEL,
+            crate::shard::CHILD_SHARD_LABEL
+        ),
+        None => format!("{}={policy}", crate::act::POLICY_LABEL),
+    }
+}
+
 /// The items of a cache's watch stream once cached: every event, to turn into triggers
 /// (`applied_objects`, `touched_objects`).
 pub type CachedEvents<K = DynamicObject> = watcher::Result<watcher::Event<K>>;

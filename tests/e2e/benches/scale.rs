@@ -32,7 +32,9 @@
 //!
 //! With `SCALE_BENCH_SHARDS=2` each step is measured by two host processes at once, shard 0
 //! and shard 1 of 2 (`policy_host::shard`), on this one machine: each keeps only its shard's
-//! parents (the host's own filter in `watch_parents`) and every child, they wait for each
+//! parents (the host's own filter in `watch_parents`) and their children (the children carry
+//! their parent's shard label, as a sharded host writes them, and the child watches select on
+//! it: `child_selector`), they wait for each
 //! other once synced so that their rounds overlap, and a row per shard is followed by the two
 //! together (decisions summed; decisions per CPU-second over both processes' CPU time).
 //!
@@ -69,9 +71,9 @@ use policy_host::load::artifact_cache::ArtifactCache;
 use policy_host::load::pack::sha256_hex;
 use policy_host::metrics::Metrics;
 use policy_host::observe::admission::CacheLimits;
-use policy_host::observe::cache::{CacheBounds, watch_children, watch_parents};
+use policy_host::observe::cache::{CacheBounds, child_selector, watch_children, watch_parents};
 use policy_host::observe::{CachedChild, ChildCache, Observed, is_controlled_by, observe};
-use policy_host::shard::Shard;
+use policy_host::shard::{CHILD_SHARD_LABEL, Shard};
 
 /// Set (to a JSON configuration) in the child process that plays the host.
 const HOST_CHILD: &str = "SCALE_BENCH_HOST";
@@ -290,8 +292,7 @@ impl HostCaches {
         for kind in &info.children {
             let resource = api_resource(kind);
             let api = Api::<CachedChild>::namespaced_with(client.clone(), namespace, &resource);
-            let config =
-                watcher::Config::default().labels(&format!("{POLICY_LABEL}={}", info.name));
+            let config = watcher::Config::default().labels(&child_selector(&info.name, shard));
             let (cache, stream) =
                 watch_children(api, kind.clone(), resource, config, &info.target, &bounds);
             tasks.push(tokio::spawn(stream.for_each(|_| async {})));
@@ -492,13 +493,21 @@ async fn bench() -> Result<()> {
         .await
         .context("loading guest-etcd")?;
     let policy = plugin.info().name.clone();
-    let executor = Executor::new(client.clone(), plugin.label(), plugin.info());
-    let host = HostCaches::start(&client, &namespace, plugin, Shard::whole()).await?;
     let shards: u32 = env_or("SCALE_BENCH_SHARDS", 1);
     let shards: Vec<Shard> = (0..shards)
         .map(|i| Shard::new(i, shards))
         .collect::<Result<_, _>>()
         .context("SCALE_BENCH_SHARDS")?;
+    // The children are labelled for their parent's shard, as sharded hosts label theirs: one
+    // executor per shard writes them.
+    let executors: Vec<Executor> = shards
+        .iter()
+        .map(|shard| {
+            Executor::new(client.clone(), plugin.label(), plugin.info())
+                .with_child_shard(shard.child_label())
+        })
+        .collect();
+    let host = HostCaches::start(&client, &namespace, plugin, Shard::whole()).await?;
 
     println!(
         "# scale bench: namespace {namespace}, {MEMBERS} members per cluster, steps {steps:?}, {} shard(s)",
@@ -515,7 +524,7 @@ async fn bench() -> Result<()> {
         let started = Instant::now();
         let new: Vec<String> = (created..target).map(|i| format!("c{i:05}")).collect();
         let new_names: HashSet<&String> = new.iter().collect();
-        create_clusters(&client, &namespace, &policy, &new).await?;
+        create_clusters(&client, &namespace, &policy, &shards, &new).await?;
         let wrote = started.elapsed();
         // Two passes of the host's whole reconcile (observe, decide, act) over the new
         // clusters: the first applies the Services and budget and writes the status, the
@@ -530,8 +539,10 @@ async fn bench() -> Result<()> {
                 .collect();
             let pass_started = Instant::now();
             futures::stream::iter(parents.iter().map(|parent| {
-                let (host, executor) = (&host, &executor);
+                let (host, executors, shards) = (&host, &executors, &shards);
                 async move {
+                    let shard = shards[0].assign_parent(parent).shard as usize;
+                    let executor = &executors[shard];
                     let script = host.script(parent);
                     let (observed, decision, _, _) = host.decide(parent, &script).await?;
                     executor
@@ -691,6 +702,7 @@ async fn create_clusters(
     client: &Client,
     namespace: &str,
     policy: &str,
+    shards: &[Shard],
     names: &[String],
 ) -> Result<()> {
     let clusters: Api<DynamicObject> =
@@ -740,6 +752,10 @@ async fn create_clusters(
                     },
                 );
                 pod["metadata"]["labels"][POLICY_LABEL] = json!(policy);
+                let shard = shards[0].assign(namespace, name, None).shard as usize;
+                if let Some(label) = shards[shard].child_label() {
+                    pod["metadata"]["labels"][CHILD_SHARD_LABEL] = json!(label);
+                }
                 pod["metadata"]["ownerReferences"] = json!([{
                     "apiVersion": "etcd.database.coreos.com/v1beta2", "kind": "EtcdCluster",
                     "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
@@ -800,11 +816,12 @@ async fn wait_cached(host: &HostCaches, held: usize, clusters: usize, acted: boo
         Duration::from_secs(300),
         || async {
             let parents = host.parents();
+            // A shard caches its own parents' children only.
             let ok = parents.len() == held
-                && host.cached("Pod") == clusters * MEMBERS
+                && host.cached("Pod") == held * MEMBERS
                 && (!acted
-                    || (host.cached("Service") == 2 * clusters
-                        && host.cached("PodDisruptionBudget") == clusters
+                    || (host.cached("Service") == 2 * held
+                        && host.cached("PodDisruptionBudget") == held
                         && parents.iter().all(|p| p.data.get("status").is_some())));
             ok.then_some(())
         },

@@ -12,6 +12,10 @@
 //! ([`policy_host_e2e::writes`]): a write for a parent is one to the parent itself (its
 //! finalizer), its status, or its `<parent>-out`.
 //!
+//! Each shard caches only its own parents' children: the host labels every child with its
+//! parent's shard (`policy-host.io/owner-shard`), and a moved parent's children are labelled
+//! for the new shard, the same objects, before it decides.
+//!
 //! A parent moved while its old shard decides (an app-call held open by a fake pod the test
 //! serves) gets no write from the old shard: its decision is not carried out.
 
@@ -20,10 +24,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use policy_host::decide::Limits;
 use policy_host::leader::LeaseSettings;
-use policy_host::shard::{SHARD_LABEL, Shard};
+use policy_host::shard::{CHILD_SHARD_LABEL, CHILDREN_SHARD_ANNOTATION, SHARD_LABEL, Shard};
 use policy_host_e2e::etcd::eventually;
 use policy_host_e2e::writes::Writes;
 use policy_host_e2e::{HostUnderTest, init_logging, install_crd_object, probe_crd, probes};
@@ -210,6 +215,47 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
     })
     .await?;
     let leaders = [&a0, &a1];
+    // Each shard's child cache holds its own parents' children (one `-out` each), none of the
+    // other shard's: the children carry their parent's shard, and the watches select on it.
+    let children_held = "policy_host_cache_objects{policy=\"misbehaving\",cache=\"configmaps.v1\"}";
+    let held = |shard: u32, moved: Option<&str>| {
+        let owned = parents
+            .iter()
+            .filter(|p| {
+                let on = if Some(p.name.as_str()) == moved {
+                    1
+                } else {
+                    p.shard
+                };
+                on == shard
+            })
+            .count() as u64;
+        let replica = leaders[shard as usize];
+        async move {
+            eventually(
+                &format!("shard {shard} caches the {owned} children of its parents only"),
+                WAIT,
+                || async {
+                    match metric(&replica.host.running, children_held) {
+                        n if n == owned => Ok(()),
+                        n => Err(format!("it holds {n}")),
+                    }
+                },
+            )
+            .await
+        }
+    };
+    held(0, None).await?;
+    held(1, None).await?;
+    for parent in &parents {
+        let out = config_maps.get(&format!("{}-out", parent.name)).await?;
+        assert_eq!(
+            out.labels().get(CHILD_SHARD_LABEL).map(String::as_str),
+            Some(format!("{}-of-{SHARDS}", parent.shard).as_str()),
+            "{}-out is labelled with its parent's shard",
+            parent.name
+        );
+    }
     for parent in &parents {
         let writers: BTreeSet<&str> = [&a0, &a1, &b0]
             .iter()
@@ -241,6 +287,8 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         .map(|p| p.name.clone())
         .ok_or_else(|| anyhow::anyhow!("no hashed parent on shard 0"))?;
     assert_eq!(a1.writes.for_probe(&moved), 0);
+    let moved_out = format!("{moved}-out");
+    let uid_before_move = config_maps.get(&moved_out).await?.uid();
     let a0_before_move = a0.writes.len();
     for round in 1..=4 {
         let a1_mark = a1.writes.len();
@@ -257,6 +305,28 @@ async fn each_parent_is_reconciled_by_exactly_one_shard_and_a_dead_shard_leader_
         )
         .await?;
     }
+    // Its child followed it: the same object, labelled for shard 1 and cached there, gone from
+    // shard 0's cache; the parent records that its children are shard 1's.
+    let out = config_maps.get(&moved_out).await?;
+    assert_eq!(
+        out.uid(),
+        uid_before_move,
+        "{moved_out} was recreated, not relabelled"
+    );
+    assert_eq!(
+        out.labels().get(CHILD_SHARD_LABEL).map(String::as_str),
+        Some("1-of-2")
+    );
+    let probe = probes_api.get(&moved).await?;
+    assert_eq!(
+        probe
+            .annotations()
+            .get(CHILDREN_SHARD_ANNOTATION)
+            .map(String::as_str),
+        Some("1-of-2")
+    );
+    held(0, Some(&moved)).await?;
+    held(1, Some(&moved)).await?;
     let a0_after_move = a0.writes.for_probe_since(&moved, a0_before_move);
     assert!(
         a0_after_move <= 2,
@@ -454,7 +524,9 @@ async fn a_parent_moved_while_its_old_shard_decides_gets_no_write_from_the_old_s
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": "own-0",
-            "labels": { "policy-host.io/policy": "misbehaving" },
+            // Made by the test, not applied by the host: it carries the parent's shard itself
+            // (the shards cache only children labelled for them).
+            "labels": { "policy-host.io/policy": "misbehaving", CHILD_SHARD_LABEL: "0-of-2" },
             "ownerReferences": [{ "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
                 "name": "mover", "uid": uid, "controller": true }],
         },
