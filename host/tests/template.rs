@@ -152,10 +152,13 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
             .any(|a| matches!(a, Action::SetStatus(_)))
     );
 
-    // Packs with the host's own CLI, into a ConfigMap that pins the component's sha256.
+    // Packs with the host's own CLI as the guide's step 4 does: one bundle of its CRD, the
+    // ClusterRole the host needs on its kinds, and a ConfigMap that pins the component's sha256.
     let packed = Command::new(env!("CARGO_BIN_EXE_policy-host"))
         .arg("pack")
         .arg(&wasm)
+        .args(["--grant-exchange", "app", "--bundle", "--crd"])
+        .arg(dir.join("crd.yaml"))
         .output()
         .expect("policy-host pack runs");
     assert!(
@@ -163,8 +166,24 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
         "policy-host pack failed: {}",
         String::from_utf8_lossy(&packed.stderr)
     );
+    let documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_slice(&packed.stdout)
+        .map(|document| serde::Deserialize::deserialize(document).expect("a YAML document"))
+        .collect();
+    let kinds: Vec<&str> = documents
+        .iter()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["CustomResourceDefinition", "ClusterRole", "ConfigMap"],
+        "the bundle's documents"
+    );
+    assert_eq!(
+        documents[0]["metadata"]["name"],
+        "helloworlds.hello-world.example.com"
+    );
     let config_map: k8s_openapi::api::core::v1::ConfigMap =
-        serde_yaml::from_slice(&packed.stdout).expect("pack writes a ConfigMap");
+        serde_json::from_value(documents[2].clone()).expect("the bundle's ConfigMap");
     assert_eq!(
         config_map.metadata.name.as_deref(),
         Some("plugin-hello-world")

@@ -35,7 +35,8 @@
 //! parents (the host's own filter in `watch_parents`) and their children (the children carry
 //! their parent's shard label, as a sharded host writes them, and the child watches select on
 //! it: `child_selector`), they wait for each
-//! other once synced so that their rounds overlap, and a row per shard is followed by the two
+//! other once synced so that their rounds overlap, and a row per shard, after a row of one host
+//! holding every parent (measured first, on the same objects), is followed by the two
 //! together (decisions summed; decisions per CPU-second over both processes' CPU time).
 //!
 //! Run: `env -u RUST_BACKTRACE cargo bench -p policy-host-e2e --bench scale`.
@@ -570,12 +571,20 @@ async fn bench() -> Result<()> {
         );
 
         let all: Vec<String> = (0..target).map(|i| format!("c{i:05}")).collect();
-        let barrier = std::env::temp_dir().join(format!(
-            "scale-bench-barrier-{}-{target}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&barrier)?;
-        let children = shards.iter().map(|shard| {
+        // With shards, one host holding every parent is measured first, on the same objects, so
+        // each step compares the shards with it in one run.
+        let groups: Vec<Vec<Shard>> = if shards.len() > 1 {
+            vec![vec![Shard::whole()], shards.clone()]
+        } else {
+            vec![shards.clone()]
+        };
+        for (group, shards) in groups.iter().enumerate() {
+            let barrier = std::env::temp_dir().join(format!(
+                "scale-bench-barrier-{}-{target}-{group}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&barrier)?;
+            let children = shards.iter().map(|shard| {
             let held = all
                 .iter()
                 .filter(|name| shard.assign(&namespace, name, None).shard == shard.index())
@@ -612,70 +621,71 @@ async fn bench() -> Result<()> {
                 anyhow::Ok((*shard, report))
             }
         });
-        let reports = futures::future::try_join_all(children).await?;
-        let _ = std::fs::remove_dir_all(&barrier);
-        for (shard, report) in &reports {
-            let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
-            let which = if shard.count() == 1 {
-                "all".to_string()
-            } else {
-                format!("{} of {}", shard.index(), shard.count())
-            };
-            println!(
-                "| {target} | {which} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
-                report["clusters"],
-                report["objects"],
-                report["sync_ms"],
-                number("rss_synced_mib"),
-                number("rss_after_mib"),
-                number("rate_median"),
-                report["rates"],
-                number("per_cpu_second"),
-                report["observation_bytes"],
-                number("observe_alone_p50_us"),
-                number("observe_p50_us"),
-                number("observe_p99_us"),
-                number("index_lookup_p50_us"),
-                number("scan_lookup_p50_us"),
-                number("decide_p50_us"),
-                report["steady"],
-                report["checked"],
-            );
-            eprintln!("[scale] {target} ({which}): {report}");
-            println!(
-                "|   forms, {target} clusters ({which}): {} children, {} B of JSON each | {} |",
-                report["forms"]["children"],
-                report["forms"]["text_bytes_per_child"],
-                report["forms"]["forms"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|f| format!(
-                        "{}: {} B held, written in {} ns ({} B)",
-                        f["form"].as_str().unwrap_or_default(),
-                        f["bytes_per_child"],
-                        f["write_ns_per_child"],
-                        f["written_bytes_per_child"]
-                    ))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
-        }
-        if reports.len() > 1 {
-            let sum = |key: &str| -> f64 {
-                reports
-                    .iter()
-                    .map(|(_, r)| r[key].as_f64().unwrap_or(0.0))
-                    .sum()
-            };
-            println!(
-                "| {target} | together | {} | | | {:.1} | {:.1} | {:.0} | | {:.0} | | | | | | | | | |",
-                sum("clusters"),
-                sum("rss_synced_mib"),
-                sum("rss_after_mib"),
-                sum("rate_median"),
-                sum("decisions") / sum("cpu_seconds").max(0.01),
-            );
+            let reports = futures::future::try_join_all(children).await?;
+            let _ = std::fs::remove_dir_all(&barrier);
+            for (shard, report) in &reports {
+                let number = |key: &str| report[key].as_f64().unwrap_or(0.0);
+                let which = if shard.count() == 1 {
+                    "all".to_string()
+                } else {
+                    format!("{} of {}", shard.index(), shard.count())
+                };
+                println!(
+                    "| {target} | {which} | {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}/{} | {act_rate:.0} |",
+                    report["clusters"],
+                    report["objects"],
+                    report["sync_ms"],
+                    number("rss_synced_mib"),
+                    number("rss_after_mib"),
+                    number("rate_median"),
+                    report["rates"],
+                    number("per_cpu_second"),
+                    report["observation_bytes"],
+                    number("observe_alone_p50_us"),
+                    number("observe_p50_us"),
+                    number("observe_p99_us"),
+                    number("index_lookup_p50_us"),
+                    number("scan_lookup_p50_us"),
+                    number("decide_p50_us"),
+                    report["steady"],
+                    report["checked"],
+                );
+                eprintln!("[scale] {target} ({which}): {report}");
+                println!(
+                    "|   forms, {target} clusters ({which}): {} children, {} B of JSON each | {} |",
+                    report["forms"]["children"],
+                    report["forms"]["text_bytes_per_child"],
+                    report["forms"]["forms"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|f| format!(
+                            "{}: {} B held, written in {} ns ({} B)",
+                            f["form"].as_str().unwrap_or_default(),
+                            f["bytes_per_child"],
+                            f["write_ns_per_child"],
+                            f["written_bytes_per_child"]
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+            if reports.len() > 1 {
+                let sum = |key: &str| -> f64 {
+                    reports
+                        .iter()
+                        .map(|(_, r)| r[key].as_f64().unwrap_or(0.0))
+                        .sum()
+                };
+                println!(
+                    "| {target} | together | {} | | | {:.1} | {:.1} | {:.0} | | {:.0} | | | | | | | | | |",
+                    sum("clusters"),
+                    sum("rss_synced_mib"),
+                    sum("rss_after_mib"),
+                    sum("rate_median"),
+                    sum("decisions") / sum("cpu_seconds").max(0.01),
+                );
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&cache_dir);
