@@ -51,6 +51,7 @@ use kube::{Client, ResourceExt};
 use policy_host::Settings;
 use policy_host::controller::ControllerOptions;
 use policy_host::decide::Limits;
+use policy_host::observe::admission::CacheLimits;
 use policy_host_e2e::{HostUnderTest, probes};
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -368,6 +369,10 @@ async fn measure(
             controller: ControllerOptions {
                 concurrency: step.concurrency,
                 namespace: Some(namespace.to_owned()),
+                // 10,000 parents with 3 ConfigMaps each are past a child cache's default bound
+                // (20,000 objects), which is there for hostile tenants, not for this bench.
+                child_cache: CacheLimits::UNBOUNDED,
+                parent_cache: CacheLimits::UNBOUNDED,
                 ..Default::default()
             },
             ..settings
