@@ -45,3 +45,11 @@ mod redis_replication;
 mod sharding;
 mod staged_rollout;
 mod steady_state;
+
+/// The MariaDB scenarios in turn (see `mariadb_cluster::every_scenario_in_turn`): one test,
+/// named so that libtest starts it first, holding one thread for the whole chain while the other
+/// suites run on the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mariadb_cluster_scenarios_in_turn() -> anyhow::Result<()> {
+    mariadb_cluster::every_scenario_in_turn().await
+}

@@ -401,8 +401,7 @@ impl ExampleCluster {
 
 /// The example's plugin creates the servers, elects a primary, and the primary takes writes
 /// with the root password the host generated for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::Result<()> {
+async fn run_the_example_cluster_gets_a_primary_on_the_declared_image() -> anyhow::Result<()> {
     ExampleCluster::run("mariadb-example", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
         let written = cluster
@@ -488,8 +487,8 @@ enum PrimaryFault {
 /// created again on its claim, rejoins as a replica. Every write the client saw acknowledged is
 /// on the new primary and, once they caught up, on every server. Prints how long the cluster
 /// took from the delete to a writable new primary (a figure for BENCHMARKS.md, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()> {
+async fn run_a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()>
+{
     primary_lost_under_a_writer("mariadb-failover", PrimaryFault::DeletePod).await
 }
 
@@ -497,8 +496,7 @@ async fn a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost() -> any
 /// place, read-only as every server starts: whichever server the plugin then makes the primary
 /// — the same one, most advanced, or a promoted replica — holds every acknowledged write, and
 /// exactly one server takes writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
+async fn run_a_crashed_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
     primary_lost_under_a_writer("mariadb-crash", PrimaryFault::KillContainer).await
 }
 
@@ -508,8 +506,8 @@ async fn a_crashed_primary_loses_no_acknowledged_write() -> anyhow::Result<()> {
 /// the old primary — still running, still configured writable, that commit holding `read_only`
 /// back — is made read-only and quarantined, and the waiting client never gets an OK; one
 /// server takes writes and every acknowledged write is on it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()> {
+async fn run_a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost() -> anyhow::Result<()>
+{
     primary_lost_under_a_writer("mariadb-cut", PrimaryFault::CutNetwork).await
 }
 
@@ -754,8 +752,8 @@ struct WritesThroughSwitchover {
 /// on it, the old primary follows it read-only and holds the same rows, one server takes
 /// writes, and the status records the request. Prints the longest stretch without an
 /// acknowledged write (a figure for BENCHMARKS.md, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> anyhow::Result<()> {
+async fn run_a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> anyhow::Result<()>
+{
     ExampleCluster::run("mariadb-switchover", async |cluster| {
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
         // The application's own account, as README advises: without `READ ONLY ADMIN`, so
@@ -893,8 +891,7 @@ async fn a_switchover_moves_the_primary_and_loses_no_acknowledged_write() -> any
 /// updated replica; every acknowledged write is on the new primary and on every replica, and
 /// one server takes writes. Prints how long the roll took and the longest stretch without an
 /// acknowledged write (figures for BENCHMARKS.md, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses_no_acknowledged_write()
+async fn run_a_configuration_change_restarts_the_replicas_then_the_primary_and_loses_no_acknowledged_write()
 -> anyhow::Result<()> {
     ExampleCluster::run("mariadb-rolling", async |cluster| {
         let (old, old_ip) = cluster.primary(CREATED, |_| true).await?;
@@ -1081,8 +1078,7 @@ async fn a_configuration_change_restarts_the_replicas_then_the_primary_and_loses
 /// store: each holds exactly those 500 rows, none written after the backup; a third, from a
 /// file that is not on the claim, is `Degraded` with reason `RestoreFailed`. Prints how long the
 /// backup and the restores took (figures, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row()
+async fn run_a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row()
 -> anyhow::Result<()> {
     ExampleCluster::run("mariadb-backup", async |cluster| {
         let from_claim = "from-claim";
@@ -1401,8 +1397,7 @@ async fn figure_a_replica_added_beside_a_gibibyte_is_seeded_and_replicating() ->
 /// step copies the primary (`mariadb-dump` with the GTID it ends at) before it starts, and it
 /// replicates on from there, holding every row, old and new. Prints how long from the scale to
 /// the new replica replicating (a figure, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_every_row()
+async fn run_a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_every_row()
 -> anyhow::Result<()> {
     ExampleCluster::run("mariadb-seed", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
@@ -1486,8 +1481,8 @@ async fn a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_eve
 /// primary's) and keeps their claims; the scale-up brings one server back on its claim and
 /// adds a fresh one, and both replicate from the primary and hold every row; the primary takes
 /// writes throughout. Prints how long the scale-up took (a figure, not asserted).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> anyhow::Result<()> {
+async fn run_replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> anyhow::Result<()>
+{
     ExampleCluster::run("mariadb-scale", async |cluster| {
         let (primary, ip) = cluster.primary(CREATED, |_| true).await?;
         cluster.query(
@@ -1571,3 +1566,77 @@ async fn replicas_scale_down_and_up_with_every_row_and_never_the_primary() -> an
     })
     .await
 }
+
+/// Each scenario above as a test of its own, ignored in a whole run, and all of them in turn as
+/// one test, `a_mariadb_cluster_scenarios_in_turn` (in `main.rs`, named to start first).
+///
+/// Why: the scenarios take turns with one example cluster at a time ([`CLUSTER_TURNS`]), and a
+/// test waiting for its turn holds one of libtest's threads. Run as nine tests, libtest reached
+/// them together (it starts tests in name order) and up to three of the four threads sat
+/// waiting for the one cluster while the other suites waited for a thread: the MariaDB block
+/// ran nearly alone. As one test started first, the chain holds one thread from the start and
+/// the other suites run beside it on the rest. Run one alone with
+/// `cargo test -p policy-host-e2e --test suites -- --ignored mariadb_cluster::<name>`, or a
+/// subset in turn with `MARIADB_SCENARIOS=<part of a name>,...`.
+macro_rules! scenarios {
+    ($($name:ident => $run:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "run in turn by a_mariadb_cluster_scenarios_in_turn; alone: -- --ignored <name>"]
+            async fn $name() -> anyhow::Result<()> {
+                $run().await
+            }
+        )*
+
+        /// Every scenario, one after the other; a failed one (an error or a panic) does not stop
+        /// the next, and the test fails naming each.
+        pub(crate) async fn every_scenario_in_turn() -> anyhow::Result<()> {
+            use futures::FutureExt;
+            let only: Option<Vec<String>> = std::env::var("MARIADB_SCENARIOS")
+                .ok()
+                .map(|list| list.split(',').map(str::to_string).collect());
+            let wanted = |name: &str| {
+                only.as_ref()
+                    .is_none_or(|parts| parts.iter().any(|part| name.contains(part.as_str())))
+            };
+            let (mut ran, mut failed) = (0, Vec::new());
+            $(
+                let name = stringify!($name);
+                if wanted(name) {
+                    ran += 1;
+                    let started = std::time::Instant::now();
+                    match std::panic::AssertUnwindSafe($run()).catch_unwind().await {
+                        Ok(Ok(())) => println!("mariadb scenario {name} ... ok ({:.1?})", started.elapsed()),
+                        Ok(Err(error)) => {
+                            println!("mariadb scenario {name} ... FAILED: {error:?}");
+                            failed.push(name);
+                        }
+                        Err(_) => {
+                            println!("mariadb scenario {name} ... FAILED: it panicked (the message is above)");
+                            failed.push(name);
+                        }
+                    }
+                }
+            )*
+            anyhow::ensure!(ran > 0, "MARIADB_SCENARIOS={only:?} names no scenario");
+            anyhow::ensure!(
+                failed.is_empty(),
+                "{} of {ran} MariaDB scenarios failed: {failed:?} (each one's error and its servers' logs are above)",
+                failed.len()
+            );
+            Ok(())
+        }
+    };
+}
+
+scenarios!(
+    the_example_cluster_gets_a_primary_on_the_declared_image => run_the_example_cluster_gets_a_primary_on_the_declared_image,
+    a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost => run_a_killed_primary_is_replaced_and_no_acknowledged_write_is_lost,
+    a_crashed_primary_loses_no_acknowledged_write => run_a_crashed_primary_loses_no_acknowledged_write,
+    a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost => run_a_primary_cut_off_is_replaced_and_no_acknowledged_write_is_lost,
+    a_switchover_moves_the_primary_and_loses_no_acknowledged_write => run_a_switchover_moves_the_primary_and_loses_no_acknowledged_write,
+    a_configuration_change_restarts_the_replicas_then_the_primary_and_loses_no_acknowledged_write => run_a_configuration_change_restarts_the_replicas_then_the_primary_and_loses_no_acknowledged_write,
+    a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row => run_a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_for_row,
+    a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_every_row => run_a_replica_added_after_the_primary_purged_its_binlogs_is_seeded_with_every_row,
+    replicas_scale_down_and_up_with_every_row_and_never_the_primary => run_replicas_scale_down_and_up_with_every_row_and_never_the_primary
+);
