@@ -55,9 +55,6 @@ enum Task {
         #[arg(long, default_value = "deploy/examples/etcd-cluster.yaml")]
         cluster: PathBuf,
     },
-    /// Make MinIO and the images the suites declare (run by `test`, at the lowest priority).
-    #[command(hide = true)]
-    TestPrerequisites,
     /// Create a new plugin crate from the template (wit/sdk/template); see wit/sdk/README.md.
     NewPlugin {
         /// Plugin name, a DNS label such as `redis` or `my-app`.
@@ -84,7 +81,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::Test { cargo_test_args } => test(&root, &cargo_test_args),
-        Task::TestPrerequisites => test_prerequisites(&root),
         Task::Lint => {
             step("cargo fmt --check");
             run(policy_host_test_plugins::cargo_command().args(["fmt", "--all", "--", "--check"]))?;
@@ -134,31 +130,16 @@ fn setup(root: &Path) -> anyhow::Result<()> {
 
 /// `setup`, then every test. On a cold machine the two long builds overlap: the Go programs
 /// build while the plugins and the Rust test binaries do (neither keeps both cores busy all the
-/// time); the ones only the suites need (MinIO, the declared images) follow the Go family at the
-/// lowest priority, beside the rest of the Rust build and the host's tests, and helm and the
-/// registry follow the test build, beside the suites, which mostly wait on etcd and the API
-/// server. A suite that gets there first waits for that build (`build-binaries.sh` builds a
-/// family once at a time).
+/// time), and the ones only a few suites need (MinIO and mc, helm) build at the lowest priority
+/// while the first suites run, which mostly wait on etcd and the API server. A suite that gets
+/// there first waits for that build (`build-binaries.sh` builds a family once at a time).
 fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     let script = root.join("tests/env/build-binaries.sh");
     wasm_target()?;
     step(
         "control-plane, etcd and node binaries, building beside the Rust build (cached after the first build)",
     );
-    let go = Background::spawn(Command::new("bash").arg(&script), "build-binaries.sh")?;
-    // As soon as the Go family is built, the programs and images only the suites need (MinIO,
-    // the images the plugins declare: Go builds and Debian downloads, minutes cold) are made
-    // beside the rest of the Rust build and the host's tests, at the lowest priority, so they
-    // take the cores those leave idle and the suites find them made (a suite that gets there
-    // first waits for the same build).
-    let prerequisites_log = root.join("target/test-prerequisites.log");
-    let (go_sender, go_built) = std::sync::mpsc::channel();
-    let prerequisites_group = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
-    let prerequisites = {
-        let log = prerequisites_log.clone();
-        let group = prerequisites_group.clone();
-        std::thread::spawn(move || early_prerequisites(go, go_sender, &log, &group))
-    };
+    let mut go = Background::spawn(Command::new("bash").arg(&script), "build-binaries.sh")?;
     // The plugins build into their own target directory (target/plugins), so beside the test
     // binaries: each ends in a one-core LTO link that would otherwise leave a core idle.
     let plugins_built = std::thread::spawn(plugins);
@@ -170,15 +151,13 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
     let plugins_built = plugins_built
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the plugin build thread panicked")));
-    let go_built = go_built
-        .recv()
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the Go build thread ended early")));
+    let go_built = go.wait();
     built?;
     plugins_built?;
     go_built?;
     let log = root.join("target/build-binaries-helm.log");
     step(&format!(
-        "helm, then the OCI registry, build in the background at the lowest priority (log: {})",
+        "helm, then the OCI registry, build in the background at the lowest priority (log: {}), and the images the plugins declare are made beside the first suites",
         log.display()
     ));
     let file =
@@ -200,10 +179,8 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
             .stderr(file),
         "build-binaries.sh helm, registry",
     )?;
-    step(&format!(
-        "MinIO and the images the plugins declare, made since the Go family was built (log: {})",
-        prerequisites_log.display()
-    ));
+    let images_root = root.to_owned();
+    let images_made = std::thread::spawn(move || declared_images(&images_root));
     step("cargo test --workspace (unit, sandbox and end-to-end suites)");
     let tested = run(policy_host_test_plugins::cargo_command()
         // Not --all-targets: benches are bench binaries, run by `cargo bench`.
@@ -212,61 +189,14 @@ fn test(root: &Path, cargo_test_args: &[String]) -> anyhow::Result<()> {
         .args(cargo_test_args));
     if tested.is_err() {
         late.stop();
-        stop_group(prerequisites_group.load(std::sync::atomic::Ordering::SeqCst));
     }
     let late_built = late.wait();
-    let prerequisites_made = prerequisites
+    let images_made = images_made
         .join()
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the prerequisites thread panicked")));
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the image thread panicked")));
     tested?;
-    prerequisites_made?;
+    images_made?;
     late_built
-}
-
-/// Waits for the Go family (its result goes to `go_built` at once), then runs
-/// `xtask test-prerequisites` at the lowest priority into `log`, its process group in `group`
-/// (so that a failed test run stops it).
-fn early_prerequisites(
-    mut go: Background,
-    go_built: std::sync::mpsc::Sender<anyhow::Result<()>>,
-    log: &Path,
-    group: &std::sync::atomic::AtomicI32,
-) -> anyhow::Result<()> {
-    let result = go.wait();
-    let failed = result.is_err();
-    // The receiver reports the failure; nothing is made without the Go family.
-    let _ = go_built.send(result);
-    if failed {
-        return Ok(());
-    }
-    let exe = std::env::current_exe().context("cannot find xtask's own executable")?;
-    let file =
-        std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-    let mut made = Background::spawn(
-        Command::new("nice")
-            .args(["-n", "19"])
-            .arg(exe)
-            .arg("test-prerequisites")
-            .stdout(file.try_clone()?)
-            .stderr(file),
-        "xtask test-prerequisites",
-    )?;
-    if let Some(child) = &made.child
-        && let Ok(pid) = i32::try_from(child.id())
-    {
-        group.store(pid, std::sync::atomic::Ordering::SeqCst);
-    }
-    made.wait()
-        .with_context(|| format!("the suites' prerequisites: see {}", log.display()))
-}
-
-/// Stops the process group `group` (0: none).
-fn stop_group(group: i32) {
-    if group > 0 {
-        let _ = Command::new("kill")
-            .args(["-TERM", "--", &format!("-{group}")])
-            .status();
-    }
 }
 
 /// The declaration files of the images the suites run: the ones every suite finds on the node,
@@ -277,45 +207,16 @@ const DECLARED_IMAGES: &[&str] = &[
     "guest-mariadb/test-images.yaml",
 ];
 
-/// Makes (or finds cached) the images of [`DECLARED_IMAGES`] and builds MinIO, so that no
-/// suite waits for a cold Go build or a Debian download. The Debian trees download while the Go
-/// programs compile: one waits on the network, the other on the CPU.
-fn test_prerequisites(root: &Path) -> anyhow::Result<()> {
+/// Makes (or finds cached) the images of [`DECLARED_IMAGES`], so that no suite waits for a cold
+/// Go build or a Debian download (a suite that gets there first waits for the same build).
+fn declared_images(root: &Path) -> anyhow::Result<()> {
     let binaries = policy_host_testenv::Binaries::ensure()?;
-    let (mut debian, mut go) = (Vec::new(), Vec::new());
     for file in DECLARED_IMAGES {
         for declaration in policy_host_testenv::images::Declarations::read(&root.join(file))?.images
         {
-            if declaration.debian.is_empty() {
-                go.push(declaration);
-            } else {
-                debian.push(declaration);
-            }
+            declaration.make(&binaries)?;
         }
     }
-    let for_debian = binaries.clone();
-    let debian_made = std::thread::spawn(move || {
-        debian
-            .iter()
-            .try_for_each(|declaration| declaration.make(&for_debian).map(drop))
-    });
-    let go_made = go
-        .iter()
-        .try_for_each(|declaration| declaration.make(&binaries).map(drop))
-        .map_err(anyhow::Error::from)
-        .and_then(|()| {
-            binaries
-                .build_go(&policy_host_e2e::minio::server_recipe())
-                .map(drop)
-                .map_err(anyhow::Error::from)
-        });
-    let debian_made: anyhow::Result<()> = match debian_made.join() {
-        Ok(made) => made.map_err(anyhow::Error::from),
-        Err(_) => Err(anyhow::anyhow!("the Debian image thread panicked")),
-    };
-    go_made?;
-    debian_made?;
-    eprintln!("the suites' prerequisites are made");
     Ok(())
 }
 

@@ -56,9 +56,21 @@ async fn start(
     shard: u32,
     plugin: &std::path::Path,
 ) -> anyhow::Result<Replica> {
+    start_with(env, namespace, identity, shard, plugin, Limits::default()).await
+}
+
+/// [`start`] with the plugin's `limits`.
+async fn start_with(
+    env: &TestEnv,
+    namespace: &str,
+    identity: &'static str,
+    shard: u32,
+    plugin: &std::path::Path,
+    limits: Limits,
+) -> anyhow::Result<Replica> {
     let writes = Writes::default();
     let client = writes.client(env).await?;
-    let base = HostUnderTest::settings(namespace, Limits::default())?;
+    let base = HostUnderTest::settings(namespace, limits)?;
     let settings = policy_host::Settings {
         policy_files: vec![plugin.to_path_buf()],
         // The base name: the host elects through this shard's own Lease.
@@ -486,8 +498,17 @@ async fn a_parent_moved_while_its_old_shard_decides_gets_no_write_from_the_old_s
         }
     });
 
-    let a0 = start(env, &namespace, "move-shard0", 0, &plugin).await?;
-    let a1 = start(env, &namespace, "move-shard1", 1, &plugin).await?;
+    // Shard 0's decision must still be deciding when the parent moves, however slow the machine:
+    // each app-call gives up after 5 s (the host's app-call timeout), so the plugin calls
+    // again and again (`calls`), each call held, within a deadline long enough for all of
+    // them. With one call and the default 10 s deadline, a loaded CI run moved the parent after
+    // the call had timed out, and shard 0 wrote that decision while still the parent's shard.
+    let limits = Limits {
+        deadline: Duration::from_secs(180),
+        ..Limits::default()
+    };
+    let a0 = start_with(env, &namespace, "move-shard0", 0, &plugin, limits.clone()).await?;
+    let a1 = start_with(env, &namespace, "move-shard1", 1, &plugin, limits).await?;
     wait_leading(&a0, WAIT).await?;
     wait_leading(&a1, WAIT).await?;
     let probes_api: Api<DynamicObject> =
@@ -495,7 +516,7 @@ async fn a_parent_moved_while_its_old_shard_decides_gets_no_write_from_the_old_s
     let object = json!({
         "apiVersion": "test.policy-host.io/v1", "kind": "Probe",
         "metadata": { "name": "mover", "labels": { SHARD_LABEL: "0" } },
-        "spec": { "behaviour": "call-own" }
+        "spec": { "behaviour": "call-own", "calls": 30 }
     });
     probes_api
         .patch(
