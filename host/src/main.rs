@@ -101,6 +101,17 @@ enum Command {
         /// Path prefix of the two files, e.g. `./plugin-signing`.
         prefix: PathBuf,
     },
+    /// Write a new plugin crate from the template compiled into this binary: the Rust SDK and
+    /// the contract copied in, native tests, its CRD from its spec type, and an end-to-end test
+    /// on a real node (`e2e/`). Next: its README.md.
+    NewPlugin {
+        /// Plugin name, a DNS label such as `redis` or `my-app`; it names the package and the
+        /// resource kind (`my-app`: kind `MyApp`, group `my-app.example.com`).
+        name: String,
+        /// Where to write it (default: `./<name>`); must not exist or be empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Load a plugin and print what it says about itself, as JSON.
     Describe {
         /// The plugin component (.wasm).
@@ -403,6 +414,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 files.private.display(),
                 files.public.display(),
                 files.id
+            );
+        }
+        Command::NewPlugin { name, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            plugin_cli::new_plugin::new_plugin(&name, &dir)?;
+            println!(
+                "created plugin `{name}` in {}; next: its README.md (cargo test, build, pack, the end-to-end test)",
+                dir.display()
             );
         }
         Command::Describe { plugin } => {

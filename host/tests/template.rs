@@ -1,6 +1,6 @@
-//! The authoring path, end to end: `cargo xtask new-plugin` (its code, included below) turns
-//! `wit/sdk/template` into a new plugin crate outside the workspace, naming no path of this
-//! checkout (it carries its own copy of the SDK), which passes its own
+//! The authoring path, end to end, as the commands a newcomer types: `policy-host new-plugin`
+//! writes a new plugin crate from the template compiled into the CLI, outside the workspace,
+//! naming no path of this checkout (it carries its own copy of the SDK), which passes its own
 //! native tests (its session against the SDK's fake among them), builds for `wasm32-wasip2`,
 //! loads in the sandbox with the description it declared, decides, packs with `policy-host
 //! pack`, and simulates with the responder file its tests read.
@@ -16,9 +16,6 @@ use policy_host::capability::scope::AppCallScope;
 use policy_host::contract::{Action, Observation, Timestamp};
 use policy_host::decide::{Limits, Sandbox};
 use serde_json::json;
-
-#[path = "../../xtask/src/new_plugin.rs"]
-mod new_plugin;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -53,7 +50,16 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).expect("old generated plugin removable");
     }
-    new_plugin::new_plugin(&root, "hello-world", &dir).expect("new-plugin writes the crate");
+    let created = Command::new(env!("CARGO_BIN_EXE_policy-host"))
+        .args(["new-plugin", "hello-world", "--dir"])
+        .arg(&dir)
+        .output()
+        .expect("policy-host new-plugin runs");
+    assert!(
+        created.status.success(),
+        "policy-host new-plugin failed: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
     let target_dir = work.join("target");
 
     // Out of the tree: nothing it wrote names a path of this checkout, so it builds wherever
@@ -75,6 +81,8 @@ async fn a_plugin_from_the_template_tests_builds_loads_decides_and_packs() {
         }
     }
     assert!(dir.join("policy-host-sdk/policy.wit").is_file());
+    assert!(dir.join("README.md").is_file());
+    assert!(dir.join("e2e/tests/real_node.rs").is_file());
 
     // Its own native tests (the SDK harness), as the author runs them.
     cargo(&dir, &["test", "--quiet"], &target_dir);

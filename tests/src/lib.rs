@@ -67,7 +67,7 @@ use std::path::PathBuf;
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use pod_runner::{PodRunner, PodRunnerHandle, PodRunnerOptions};
-pub use shared::{TestEnv, TestNamespace, shared, shared_blocking, shared_node};
+pub use shared::{ATTACH_VAR, TestEnv, TestNamespace, shared, shared_blocking, shared_node};
 
 /// Everything that can go wrong while finding binaries, starting the control plane or running
 /// Pods. Each message says what was wrong and what to do about it.

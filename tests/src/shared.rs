@@ -280,7 +280,68 @@ pub async fn shared_node() -> Result<&'static TestEnv> {
     .map_err(|e| Error::Shared(format!("the startup task panicked: {e}")))?
 }
 
+/// The environment variable naming a running real-node environment's attach file
+/// ([`TestEnv::attach_file`]): with it, [`shared_node`] uses that environment instead of starting
+/// one, as envtest's `USE_EXISTING_CLUSTER` does. One node runs per machine, so this is how a
+/// test process (a plugin's own end-to-end test, say) runs beside another's node.
+pub const ATTACH_VAR: &str = "POLICY_HOST_TESTENV_ATTACH";
+
+/// What another process needs to use a running real-node environment.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Attachment {
+    kubeconfig: PathBuf,
+    server: String,
+    dir: PathBuf,
+    logs: Vec<(String, PathBuf)>,
+    images_dir: PathBuf,
+    containerd_socket: PathBuf,
+    pod_logs: PathBuf,
+}
+
+/// The environment `path` describes ([`ATTACH_VAR`]), with the declared images of the crate
+/// under test loaded into its node.
+fn attach(path: &Path) -> Result<TestEnv> {
+    let started = Instant::now();
+    let text = std::fs::read_to_string(path).map_err(Error::io(format!(
+        "reading {} (from {ATTACH_VAR}); unset it to start an environment of this process's own",
+        path.display()
+    )))?;
+    let attachment: Attachment = serde_json::from_str(&text).map_err(|e| {
+        Error::Shared(format!(
+            "{} (from {ATTACH_VAR}) is not an attach file: {e}",
+            path.display()
+        ))
+    })?;
+    let mut env = TestEnv {
+        binaries: Binaries::ensure()?,
+        kubeconfig: attachment.kubeconfig,
+        server: attachment.server,
+        dir: attachment.dir,
+        logs: attachment.logs,
+        pods: Pods::Node {
+            images_dir: attachment.images_dir,
+            containerd_socket: attachment.containerd_socket,
+            pod_logs: attachment.pod_logs,
+        },
+        setup_time: Duration::ZERO,
+        images: Vec::new(),
+        loaded: Default::default(),
+    };
+    env.load_declared_images_of_crate_under_test()?;
+    env.setup_time = started.elapsed();
+    eprintln!(
+        "policy-host-testenv: attached to control plane {} and its real node ({})",
+        env.server,
+        path.display()
+    );
+    Ok(env)
+}
+
 fn start_node_env() -> Result<TestEnv, String> {
+    if let Some(path) = std::env::var_os(ATTACH_VAR) {
+        return attach(Path::new(&path)).map_err(|e| e.to_string());
+    }
     let (sender, receiver) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("policy-host-testenv-node".into())
@@ -402,6 +463,36 @@ impl TestEnv {
         );
         self.images = images;
         Ok(())
+    }
+
+    /// Writes the file another test process attaches to this environment with ([`ATTACH_VAR`])
+    /// and returns its path. A real node's only (the pod runner lives in this process). The
+    /// other process must be done before this one ends: the environment ends with its owner.
+    pub fn attach_file(&self) -> Result<PathBuf> {
+        let Pods::Node {
+            images_dir,
+            containerd_socket,
+            pod_logs,
+        } = &self.pods
+        else {
+            return Err(Error::Shared(
+                "only a real node's environment (shared_node) can be attached to".into(),
+            ));
+        };
+        let attachment = Attachment {
+            kubeconfig: self.kubeconfig.clone(),
+            server: self.server.clone(),
+            dir: self.dir.clone(),
+            logs: self.logs.clone(),
+            images_dir: images_dir.clone(),
+            containerd_socket: containerd_socket.clone(),
+            pod_logs: pod_logs.clone(),
+        };
+        let path = self.dir.join("attach.json");
+        let text = serde_json::to_string_pretty(&attachment)
+            .map_err(|e| Error::Shared(format!("cannot write the attach file: {e}")))?;
+        std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+        Ok(path)
     }
 
     /// The declared images loaded when the environment started (the crate under test's

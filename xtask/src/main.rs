@@ -10,7 +10,6 @@
 //! - `demo`: a local control plane, the host with the etcd plugin, an `EtcdCluster` converging.
 
 mod demo;
-mod new_plugin;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,7 +54,8 @@ enum Task {
         #[arg(long, default_value = "deploy/examples/etcd-cluster.yaml")]
         cluster: PathBuf,
     },
-    /// Create a new plugin crate from the template (wit/sdk/template); see wit/sdk/README.md.
+    /// Create a new plugin crate from the template (wit/sdk/template), as `policy-host new-plugin`
+    /// does; see wit/sdk/README.md.
     NewPlugin {
         /// Plugin name, a DNS label such as `redis` or `my-app`.
         name: String,
@@ -72,10 +72,11 @@ fn main() -> anyhow::Result<()> {
     match cli.task {
         Task::Setup => setup(&root),
         Task::NewPlugin { name, dir } => {
+            // The CLI's own command (`policy-host new-plugin`), from the checkout.
             let dir = dir.unwrap_or_else(|| root.join("..").join(&name));
-            let dir = new_plugin::new_plugin(&root, &name, &dir)?;
+            policy_host::plugin_cli::new_plugin::new_plugin(&name, &dir)?;
             println!(
-                "created plugin `{name}` in {}; next: wit/sdk/README.md (cargo test, build, pack)",
+                "created plugin `{name}` in {}; next: its README.md (cargo test, build, pack, the end-to-end test)",
                 dir.display()
             );
             Ok(())

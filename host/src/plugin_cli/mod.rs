@@ -1,8 +1,9 @@
-//! The plugin author's and admin's tools behind `policy-host validate`, `pack` and
-//! `simulate`: the same checks the host runs when it loads a ConfigMap, and the plugin's
-//! reconcile loop against a model, offline, with no cluster.
+//! The plugin author's and admin's tools behind `policy-host new-plugin`, `validate`, `pack`
+//! and `simulate`: a new plugin crate, the same checks the host runs when it loads a ConfigMap,
+//! and the plugin's reconcile loop against a model, offline, with no cluster.
 
 pub mod keygen;
+pub mod new_plugin;
 pub mod simulate;
 
 use std::path::{Path, PathBuf};

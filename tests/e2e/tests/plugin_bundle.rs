@@ -1,5 +1,5 @@
 //! The README's "Write and load your own plugin" as a new user follows it: a plugin made from
-//! the template (`cargo xtask new-plugin`), built for wasm32-wasip2, signed and bundled with
+//! the template (`policy-host new-plugin`), built for wasm32-wasip2, signed and bundled with
 //! `policy-host pack --bundle --crd crd.yaml --sign`, and loaded with one
 //! `kubectl apply --server-side` into a host that runs with only `deploy/rbac.yaml`'s rights
 //! (its ServiceAccount, impersonated) and trusts only the signing key. deploy/rbac.yaml names
@@ -29,9 +29,6 @@ use policy_host::plugin_cli::{self, PackRequest, keygen::keygen};
 use policy_host_e2e::{HostUnderTest, init_logging, repo_root};
 use policy_host_testenv::{TestEnv, shared_node, wait_for};
 
-#[path = "../../../xtask/src/new_plugin.rs"]
-mod new_plugin;
-
 const WAIT: Duration = Duration::from_secs(90);
 /// The host's namespace, as deploy/rbac.yaml names it (its Role for plugin ConfigMaps is there).
 const HOST_NAMESPACE: &str = "policy-host";
@@ -45,7 +42,7 @@ fn kubectl(env: &TestEnv, args: &[&str]) -> anyhow::Result<String> {
     )?)
 }
 
-/// `cargo new-plugin`, then its native tests run and the component built as the guide does;
+/// `policy-host new-plugin` (its code), then its native tests run and the component built as the guide does;
 /// returns the crate's directory and the component.
 fn new_built_plugin(name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     let root = repo_root();
@@ -54,7 +51,7 @@ fn new_built_plugin(name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
-    new_plugin::new_plugin(&root, name, &dir)?;
+    plugin_cli::new_plugin::new_plugin(name, &dir)?;
     let target_dir = work.join("target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // The guide's steps 2 and 3: the native tests, then the component.

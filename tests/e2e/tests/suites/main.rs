@@ -33,6 +33,7 @@ mod leader_election;
 mod mariadb_cluster;
 mod mariadb_image;
 mod memcached_js;
+mod newcomer;
 mod ownership;
 mod plugin_credentials;
 mod plugin_grants;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 /// The container port the plugin holds sessions with; the admin grants it at pack time
-/// (`policy-host pack --grant app`).
+/// (`policy-host pack --grant-exchange app`).
 pub const APP_PORT: &str = "app";
 
 /// The custom resource this plugin reconciles (the parent).
