@@ -150,7 +150,7 @@ fn plugin_files(name: &str) -> Result<Vec<(PathBuf, String)>, NewPluginError> {
         camel.clone(),
         camel.to_ascii_lowercase(),
     ];
-    let repository = workspace_value("repository")?;
+    let repository = repository()?;
     let mut files = Vec::new();
     for (relative, text) in TEMPLATE {
         let mut text = PLACEHOLDERS
@@ -171,7 +171,7 @@ fn plugin_files(name: &str) -> Result<Vec<(PathBuf, String)>, NewPluginError> {
             text = replace_once(
                 &text,
                 TESTENV_IN_TREE,
-                &format!("policy-host-testenv = {{ git = {repository} }}"),
+                &format!("policy-host-testenv = {{ git = \"{repository}\" }}"),
                 relative,
             )?;
         }
@@ -206,7 +206,7 @@ fn vendored_readme(repository: &str) -> Result<String, NewPluginError> {
         "](policy.wit)",
         "wit/sdk/README.md",
     )?;
-    let repository = repository.trim_matches('"').trim_end_matches('/');
+    let repository = repository.trim_end_matches('/');
     Ok(text.replace("](../../", &format!("]({repository}/blob/main/")))
 }
 
@@ -218,6 +218,12 @@ fn replace_once(text: &str, from: &str, to: &str, file: &str) -> Result<String, 
         )));
     }
     Ok(text.replace(from, to))
+}
+
+/// The project's repository (the workspace's `repository`), which a new crate's end-to-end
+/// test depends on for the test environment.
+pub fn repository() -> Result<&'static str, NewPluginError> {
+    Ok(workspace_value("repository")?.trim_matches('"'))
 }
 
 /// The value (as written, quotes included) of `key = …` in the workspace's manifest.
@@ -357,8 +363,8 @@ mod tests {
         assert!(text("Cargo.toml").contains("name = \"my-app\""));
         assert!(text("Cargo.toml").contains("policy-host-sdk = { path = \"policy-host-sdk\" }"));
         assert!(text("e2e/Cargo.toml").contains(&format!(
-            "policy-host-testenv = {{ git = {} }}",
-            workspace_value("repository").expect("a repository")
+            "policy-host-testenv = {{ git = \"{}\" }}",
+            repository().expect("a repository")
         )));
         assert!(text("src/lib.rs").contains("\"MyApp\""));
         assert!(text("policy-host-sdk/src/wasm.rs").contains("path: \"policy.wit\""));

@@ -17,15 +17,6 @@ use crate::etcd::eventually;
 /// The MinIO server's Go module (a pseudo-version of github.com/minio/minio).
 const MINIO_MODULE: &str = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c";
 
-/// The Go build of the MinIO server (`cargo xtask test` starts it early, so that the suites
-/// find it built; a suite that gets there first waits for the same build).
-pub fn server_recipe() -> GoPrograms {
-    GoPrograms {
-        modules: vec![MINIO_MODULE.to_owned()],
-        programs: vec![("minio".to_owned(), "github.com/minio/minio".to_owned())],
-    }
-}
-
 /// MinIO's address: the real node's, where the control plane also serves.
 pub const MINIO_IP: Ipv4Addr = policy_host_testenv::node::NODE_IP;
 /// MinIO's root user, which a test's credentials Secret also holds.
@@ -48,8 +39,11 @@ impl Minio {
     /// server on a free port and waits until its liveness endpoint answers.
     pub async fn start(env: &'static TestEnv) -> anyhow::Result<Minio> {
         let build = env.binaries().clone();
-        let minio_dir =
-            tokio::task::spawn_blocking(move || build.build_go(&server_recipe())).await??;
+        let recipe = GoPrograms {
+            modules: vec![MINIO_MODULE.to_owned()],
+            programs: vec![("minio".to_owned(), "github.com/minio/minio".to_owned())],
+        };
+        let minio_dir = tokio::task::spawn_blocking(move || build.build_go(&recipe)).await??;
         let images = env
             .provide_images(&crate::repo_root().join("guest-etcd/test-images-s3.yaml"))
             .await?;

@@ -17,16 +17,6 @@ use std::process::Command;
 use policy_host_e2e::{init_logging, install::host_binary, repo_root};
 use policy_host_testenv::{ATTACH_VAR, shared_node};
 
-/// The project's repository as the workspace manifest names it (the new crate's dependency).
-fn repository() -> anyhow::Result<String> {
-    let manifest = std::fs::read_to_string(repo_root().join("Cargo.toml"))?;
-    manifest
-        .lines()
-        .find_map(|line| line.strip_prefix("repository = "))
-        .map(|value| value.trim_matches('"').to_owned())
-        .ok_or_else(|| anyhow::anyhow!("the workspace's Cargo.toml names no repository"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_plugin_passes_its_own_end_to_end_test_on_the_real_node() -> anyhow::Result<()> {
     init_logging();
@@ -47,7 +37,10 @@ async fn a_new_plugin_passes_its_own_end_to_end_test_on_the_real_node() -> anyho
         String::from_utf8_lossy(&created.stderr)
     );
     let manifest = dir.join("e2e/Cargo.toml");
-    let by_repository = format!("policy-host-testenv = {{ git = \"{}\" }}", repository()?);
+    let by_repository = format!(
+        "policy-host-testenv = {{ git = \"{}\" }}",
+        policy_host::plugin_cli::new_plugin::repository()?
+    );
     let text = std::fs::read_to_string(&manifest)?;
     anyhow::ensure!(
         text.contains(&by_repository),
