@@ -152,9 +152,15 @@ export function headlessService(name, selector, ports, labels = {}) {
   });
 }
 
-/** A PodDisruptionBudget: at most `maxUnavailable` of the selected Pods evicted at once. */
-export function disruptionBudget(name, selector, maxUnavailable, labels = {}) {
+/**
+ * A PodDisruptionBudget: at least `minAvailable` of the selected Pods stay up through voluntary
+ * evictions. `minAvailable`, never `maxUnavailable`, as the Rust SDK's `disruption_budget`: a
+ * plugin's Pods are owned by its parent, a custom resource, and Kubernetes reads
+ * `maxUnavailable` against the owner's scale subresource, which a kind may not have; the budget
+ * then never syncs and guards nothing. An integer `minAvailable` needs no owner at all.
+ */
+export function disruptionBudget(name, selector, minAvailable, labels = {}) {
   return childObject(pdbKind(), name, labels, {
-    spec: { maxUnavailable, selector: { matchLabels: { ...selector } } },
+    spec: { minAvailable, selector: { matchLabels: { ...selector } } },
   });
 }

@@ -79,5 +79,9 @@ export const serversService = (pool) =>
 export const clientService = (pool) =>
   service(pool, selector(pool), [[MEMCACHE_PORT_NAME, MEMCACHE_PORT]], { [INSTANCE_LABEL]: pool });
 
-/** The PodDisruptionBudget `<pool>`: one server evicted at a time, as the rollout replaces one at a time. */
-export const budget = (pool) => disruptionBudget(pool, selector(pool), 1, { [INSTANCE_LABEL]: pool });
+/**
+ * The PodDisruptionBudget `<pool>`: every server of `replicas` but one stays up through
+ * evictions, as the rollout replaces one at a time.
+ */
+export const budget = (pool, replicas) =>
+  disruptionBudget(pool, selector(pool), Math.max(replicas - 1, 0), { [INSTANCE_LABEL]: pool });

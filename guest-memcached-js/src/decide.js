@@ -80,7 +80,7 @@ export function decide(facts) {
       desired.want(serverPod(facts.name, o, spec));
     }
   }
-  desired.want(serversService(facts.name)).want(clientService(facts.name)).want(budget(facts.name));
+  desired.want(serversService(facts.name)).want(clientService(facts.name)).want(budget(facts.name, spec.replicas));
   actions.push(...desired.actions(facts.observation));
 
   if (replaced) {

@@ -42,6 +42,15 @@ test('setCondition keeps lastTransitionTime while the status holds, and moves it
   assert.equal(rfc3339({ seconds: 0 }), '1970-01-01T00:00:00Z');
 });
 
+test('disruptionBudget keeps minAvailable of the selected Pods up and never writes maxUnavailable', () => {
+  // maxUnavailable is read against the owner's scale subresource: a plugin's Pods are owned by
+  // a custom resource, and a budget the disruption controller cannot compute guards nothing.
+  const budget = children.disruptionBudget('demo', { app: 'demo' }, 2, { team: 'a' });
+  assert.equal(budget.spec.minAvailable, 2);
+  assert.equal(budget.spec.maxUnavailable, undefined);
+  assert.deepEqual(budget.spec.selector, { matchLabels: { app: 'demo' } });
+});
+
 test('checkChildNames accepts a short name and says how long a name may be', () => {
   const names = [ChildName.service('{name}-servers'), ChildName.dnsLabel('Pod', '{name}-15')];
   assert.equal(checkChildNames('demo', names), undefined);

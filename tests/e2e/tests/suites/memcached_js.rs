@@ -4,7 +4,8 @@
 //! host from a ConfigMap that names it by digest; on the real node it runs a pool of Debian 12's
 //! memcached from the image the plugin declares beside itself (`test-images.yaml`), asks each
 //! server `stats` over a session, scales the pool and replaces a deleted server. The test talks
-//! to every server itself (memcached's text protocol over the Pod network) to see they are real.
+//! to every server itself (memcached's text protocol over the Pod network) to see they are real,
+//! and reads the pool's PodDisruptionBudget as the disruption controller computed it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -13,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::Settings;
@@ -209,6 +211,23 @@ async fn a_javascript_plugin_from_the_registry_runs_a_memcached_pool() -> anyhow
         pool["spec"]["replicas"] = json!(3);
         apply(pool.clone()).await?;
         ready_with(&api, "demo", 3).await?;
+        // The budget guards the servers: the disruption controller computed it and lets one
+        // of three go. One with `maxUnavailable` over Pods a custom resource owns cannot be
+        // computed (SyncFailed, "no matches for kind MemcachedPool": it asks for the owner's
+        // scale), counts no Pods and allows no eviction, so a node drain would wait forever.
+        let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
+        eventually(
+            "the budget synced, one eviction allowed",
+            CONVERGE,
+            || async {
+                let budget = budgets.get("demo").await.map_err(|e| e.to_string())?;
+                let status = budget.status.ok_or("no status")?;
+                (status.expected_pods == Some(3) && status.disruptions_allowed == Some(1))
+                    .then_some(())
+                    .ok_or_else(|| format!("{status:?}"))
+            },
+        )
+        .await?;
         let ips = server_ips(&pods, "demo").await?;
         anyhow::ensure!(ips.len() == 3, "three server Pods: {ips:?}");
         for (name, ip) in &ips {
