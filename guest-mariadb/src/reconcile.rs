@@ -403,6 +403,25 @@ pub fn decide(facts: &Facts) -> Plan {
             format!("errant, quarantined: {}", errant.join(", ")),
         ));
     }
+    // A server whose seed step keeps failing never starts by itself (the first server of a
+    // restore, before any primary, is judged when electing): it is a replica the spec asks
+    // for that will not come, and only its init container's log says why.
+    if degraded.is_none()
+        && let Some((name, step, donor)) = facts.servers.iter().find_map(|s| {
+            Some((
+                s.name.as_str(),
+                s.seed_failing.as_deref()?,
+                s.seed.as_ref()?.donor.as_str(),
+            ))
+        })
+    {
+        degraded = Some((
+            "SeedFailing",
+            format!(
+                "{name} cannot copy its data from {donor}: its init container `{step}` keeps failing, and the kubelet runs it again with a growing back-off; `kubectl logs {name} -c {step}` says why (the primary not answering, the dump refused or cut short)"
+            ),
+        ));
+    }
     let wanted_replicas = usize::try_from(facts.spec.replicas).unwrap_or(0);
     // Without credentials nothing can move: say so once, not every two seconds.
     let can_progress = facts.credentials_unavailable.is_none();
@@ -2638,6 +2657,43 @@ mod tests {
             plan.actions
                 .iter()
                 .any(|a| matches!(a, Action::RecordEvent(e) if e.reason == "RestoreFailed")),
+            "a Warning Event"
+        );
+    }
+
+    #[test]
+    fn a_new_replica_that_cannot_copy_from_the_primary_is_degraded_saying_where_to_look() {
+        // db-2 joined a running cluster; its seed step (a dump of the primary through its
+        // Service) keeps failing, so it never starts. The cluster still takes writes, but a
+        // replica the spec asks for is missing, and only its init container's log says why.
+        let mut joining = silent(2, PodState::Pending);
+        joining.seed = Some(children::Seed {
+            donor: children::donor("db"),
+            required: true,
+            restore: None,
+        });
+        joining.seed_failing = Some("seed".into());
+        let plan = decide(&facts(
+            Some(0),
+            2,
+            vec![primary(0, "0-1-5"), replica(1, 0, "0-1-5"), joining],
+        ));
+        assert!(plan.commands.is_empty(), "{:?}", plan.commands);
+        assert_eq!(condition(&plan, "Available")["status"], "True");
+        let degraded = condition(&plan, "Degraded");
+        assert_eq!(degraded["status"], "True");
+        assert_eq!(degraded["reason"], "SeedFailing");
+        let message = degraded["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("db-2")
+                && message.contains("db-primary")
+                && message.contains("kubectl logs db-2 -c seed"),
+            "{message}"
+        );
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::RecordEvent(e) if e.reason == "SeedFailing")),
             "a Warning Event"
         );
     }
