@@ -55,6 +55,11 @@ const SDK_SOURCES: &[Embedded] = embed!("../../../wit/sdk/src/":
     "wasm.rs",
 );
 
+/// The workspace's resolution, written as the new crate's `e2e/Cargo.lock`: the test environment
+/// then builds with the dependency versions this tree is tested with (cargo keeps what the crate
+/// uses of it and drops the rest), not with whatever the registry has newest that day.
+const WORKSPACE_LOCK: &str = include_str!("../../../Cargo.lock");
+
 /// The SDK's manifest, its guide and the contract it is generated from.
 const SDK_MANIFEST: &str = include_str!("../../../wit/sdk/Cargo.toml");
 const SDK_README: &str = include_str!("../../../wit/sdk/README.md");
@@ -177,6 +182,7 @@ fn plugin_files(name: &str) -> Result<Vec<(PathBuf, String)>, NewPluginError> {
         }
         files.push((PathBuf::from(relative), text));
     }
+    files.push((PathBuf::from("e2e/Cargo.lock"), WORKSPACE_LOCK.to_owned()));
     let sdk = Path::new(VENDORED_SDK);
     for (relative, text) in SDK_SOURCES {
         let text = if *relative == "wasm.rs" {
@@ -366,6 +372,10 @@ mod tests {
             "policy-host-testenv = {{ git = \"{}\" }}",
             repository().expect("a repository")
         )));
+        assert!(
+            text("e2e/Cargo.lock").contains("name = \"kube\""),
+            "the test environment's dependencies are pinned"
+        );
         assert!(text("src/lib.rs").contains("\"MyApp\""));
         assert!(text("policy-host-sdk/src/wasm.rs").contains("path: \"policy.wit\""));
         assert!(!text("policy-host-sdk/Cargo.toml").contains(".workspace = true"));

@@ -9,7 +9,8 @@
 //! (by the project's repository, `{ git = … }`) is pointed at this checkout's `tests/`, so what
 //! is tested is this tree (cargo's `[patch]` would still fetch the repository first); and its
 //! test attaches to this process's node (`POLICY_HOST_TESTENV_ATTACH`), as one node runs per
-//! machine.
+//! machine. The crate's `e2e/Cargo.lock` is the one `new-plugin` writes (the workspace's
+//! resolution): after the run every package it used is at a version the workspace is tested with.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -51,9 +52,13 @@ async fn a_new_plugin_passes_its_own_end_to_end_test_on_the_real_node() -> anyho
         repo_root().join("tests").display()
     );
     std::fs::write(&manifest, text.replace(&by_repository, &by_path))?;
-    // The workspace's resolution, so that the test environment builds with the versions this
-    // tree is tested with (cargo keeps what the new crate uses of it and drops the rest).
-    std::fs::copy(repo_root().join("Cargo.lock"), dir.join("e2e/Cargo.lock"))?;
+    // The crate comes with the workspace's resolution, so that the test environment builds
+    // with the versions this tree is tested with, not whatever the registry has newest.
+    let lock = dir.join("e2e/Cargo.lock");
+    anyhow::ensure!(
+        lock.exists(),
+        "policy-host new-plugin wrote no e2e/Cargo.lock: the test environment would build with whatever versions the registry has newest"
+    );
     let attach = env.attach_file()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // Its own target directory, shared with the template test's builds of the same
@@ -84,5 +89,36 @@ async fn a_new_plugin_passes_its_own_end_to_end_test_on_the_real_node() -> anyho
         stdout.contains("test the_example_becomes_ready_on_a_real_node ... ok"),
         "the new plugin's end-to-end test did not run: {stdout}"
     );
+    // Cargo kept the pins: every package the new crate's build used is at a version the
+    // workspace is tested with.
+    let tested = locked_versions(&std::fs::read_to_string(repo_root().join("Cargo.lock"))?);
+    let used = locked_versions(&std::fs::read_to_string(&lock)?);
+    let moved: Vec<String> = used
+        .iter()
+        .filter(|(name, _)| tested.iter().any(|(n, _)| n == name))
+        .filter(|package| !tested.contains(package))
+        .map(|(name, version)| format!("{name} {version}"))
+        .collect();
+    anyhow::ensure!(
+        moved.is_empty() && used.len() > 100,
+        "the new crate's build resolved {} packages, these at versions the workspace does not use: {moved:?}",
+        used.len()
+    );
     Ok(())
+}
+
+/// The `(name, version)` of each `[[package]]` of a Cargo.lock.
+fn locked_versions(lock: &str) -> Vec<(String, String)> {
+    let mut packages = Vec::new();
+    let mut name = None;
+    for line in lock.lines() {
+        if line == "[[package]]" {
+            name = None;
+        } else if let Some(value) = line.strip_prefix("name = ") {
+            name = Some(value.trim_matches('"').to_owned());
+        } else if let (Some(value), Some(n)) = (line.strip_prefix("version = "), name.take()) {
+            packages.push((n, value.trim_matches('"').to_owned()));
+        }
+    }
+    packages
 }
