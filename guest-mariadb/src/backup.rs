@@ -114,7 +114,8 @@ pub fn file_name(parent: &str, now: Timestamp) -> String {
     format!("{parent}-{stamp}.sql")
 }
 
-/// Reads the backup Pod's result (`file=… gtid=… bytes=… tables=… rows=…`).
+/// Reads the backup Pod's result (`file=… gtid=… bytes=… tables=… rows=… accounts=…`; a Pod of
+/// an earlier plugin version names no accounts).
 fn parse_result(message: &str) -> Option<BackupRecord> {
     let mut record = BackupRecord::default();
     for field in message.split_whitespace() {
@@ -125,6 +126,7 @@ fn parse_result(message: &str) -> Option<BackupRecord> {
             "bytes" => record.bytes = value.parse().ok()?,
             "tables" => record.tables = value.parse().ok()?,
             "rows" => record.rows = value.parse().ok()?,
+            "accounts" => record.accounts = Some(value.parse().ok()?),
             _ => {}
         }
     }
@@ -432,7 +434,7 @@ mod tests {
         let ended = pod(
             "Succeeded",
             "trigger:third",
-            Some("file=db-3.sql gtid=0-1-42 bytes=2048 tables=2 rows=77"),
+            Some("file=db-3.sql gtid=0-1-42 bytes=2048 tables=2 rows=77 accounts=3"),
         );
         let plan = plan(
             "db",
@@ -452,9 +454,10 @@ mod tests {
                 newest.gtid.as_str(),
                 newest.bytes,
                 newest.tables,
-                newest.rows
+                newest.rows,
+                newest.accounts
             ),
-            ("0-1-42", 2048, 2, 77)
+            ("0-1-42", 2048, 2, 77, Some(3))
         );
         assert_eq!(newest.taken_at, rfc3339(at(NOON)));
         assert_eq!(newest.reason, "trigger:third");

@@ -541,11 +541,12 @@ pub fn backups_claim(parent: &str, spec: &MariaDBClusterSpec) -> Option<Value> {
 }
 
 /// The backup step, on the servers' image: dumps every database but MariaDB's own from the
-/// primary (one consistent snapshot, `--single-transaction`, with the GTID it ends at), loads
-/// the dump into a throwaway server in the Pod to prove it restores (a failed load fails the
-/// backup) and counts what it holds, then moves it into place on the claim and removes the
-/// oldest beyond `KEEP`. Its result, or why it failed, is its termination message: `file=…
-/// gtid=… bytes=… tables=… rows=…`.
+/// primary (one consistent snapshot, `--single-transaction`, with the GTID it ends at) and the
+/// applications' accounts and roles with their grants (not root, the replication account or
+/// MariaDB's own), loads the dump into a throwaway server in the Pod to prove it restores (a
+/// failed load fails the backup) and counts what it holds, then moves it into place on the
+/// claim and removes the oldest beyond `KEEP`. Its result, or why it failed, is its
+/// termination message: `file=… gtid=… bytes=… tables=… rows=… accounts=…`.
 pub const BACKUP_SCRIPT: &str = r#"set -u
 fail() {
   echo "backup: $1" >&2
@@ -570,6 +571,41 @@ else
     || fail "cannot ask $SOURCE its position: $(head -c 500 /tmp/err)"
   echo "-- no database besides MariaDB's own on $SOURCE" >"$part"
 fi
+# The applications' accounts and roles with their grants, so that a restored cluster lets its
+# clients in. Not the cluster's own (root, the replication account) nor MariaDB's: a cluster has
+# those from its own Secret and its own initialisation. Every account is created first, then
+# every grant given (a grant may name a role listed after it).
+own="'root','$REPL_USER','mariadb.sys','mysql','PUBLIC',''"
+accounts=$(mariadb --connect-timeout=10 -h "$SOURCE" -u root -N -B -r \
+  -e "SELECT is_role, QUOTE(user), QUOTE(host) FROM mysql.user WHERE user NOT IN ($own) ORDER BY is_role DESC, user, host" \
+  2>/tmp/err) || fail "cannot ask $SOURCE which accounts it holds: $(head -c 500 /tmp/err)"
+tab=$(printf '\t')
+ask() {
+  mariadb -h "$SOURCE" -u root -N -B -r -e "$1" >/tmp/account
+}
+copy_accounts() {
+  echo "-- The applications' accounts and roles, then their grants"
+  printf '%s\n' "$accounts" | while IFS="$tab" read -r role user host; do
+    if [ "$role" = Y ]; then
+      echo "CREATE ROLE IF NOT EXISTS $user;"
+    else
+      ask "SHOW CREATE USER $user@$host" || exit 1
+      sed 's/^CREATE USER /CREATE USER IF NOT EXISTS /; s/$/;/' /tmp/account
+    fi
+  done || return 1
+  printf '%s\n' "$accounts" | while IFS="$tab" read -r role user host; do
+    if [ "$role" = Y ]; then
+      ask "SHOW GRANTS FOR $user" || exit 1
+    else
+      ask "SHOW GRANTS FOR $user@$host" || exit 1
+    fi
+    sed 's/$/;/' /tmp/account
+  done
+}
+if [ -n "$accounts" ]; then
+  copy_accounts >>"$part" 2>/tmp/err \
+    || fail "cannot copy the accounts of $SOURCE: $(head -c 500 /tmp/err)"
+fi
 # The proof: a throwaway server on a scratch directory loads the dump.
 verify=/tmp/verify
 as_user=
@@ -580,7 +616,9 @@ mariadb-install-db --datadir="$verify" $as_user --skip-test-db --skip-name-resol
   >/tmp/err 2>&1 \
   || fail "cannot initialise the server that proves the backup: $(tail -c 500 /tmp/err)"
 sock=/tmp/verify.sock
-mariadbd --datadir="$verify" --socket="$sock" --skip-networking --skip-log-bin --skip-grant-tables \
+# With its grant tables (root logs in over the socket as the Pod's root user): the accounts and
+# roles are created, and roles granted, as a restore's root does them.
+mariadbd --datadir="$verify" --socket="$sock" --skip-networking --skip-log-bin \
   $as_user >/tmp/verify.log 2>&1 &
 server=$!
 tries=0
@@ -600,15 +638,17 @@ for table in $(mariadb --socket="$sock" -u root -N -B -e "$list"); do
   tables=$((tables + 1))
   rows=$((rows + count))
 done
+accounts=$(mariadb --socket="$sock" -u root -N -B -e "SELECT COUNT(*) FROM mysql.user WHERE is_role = 'N' AND user NOT IN ($own)") \
+  || fail "the loaded copy cannot count its accounts"
 kill "$server"
 wait "$server" 2>/dev/null
 bytes=$(stat -c %s "$part")
 mv "$part" "$dir/$FILE" || fail "cannot move the backup into place on the claim"
 # The newest KEEP backups of this cluster stay.
 ls -1t "$dir"/"$PREFIX"-*.sql 2>/dev/null | tail -n +$((KEEP + 1)) | xargs -r rm -f
-printf 'file=%s gtid=%s bytes=%s tables=%s rows=%s' "$FILE" "$gtid" "$bytes" "$tables" "$rows" \
-  >/dev/termination-log
-echo "backup: $FILE proven ($tables tables, $rows rows, $bytes bytes, GTID $gtid)" >&2
+printf 'file=%s gtid=%s bytes=%s tables=%s rows=%s accounts=%s' "$FILE" "$gtid" "$bytes" "$tables" \
+  "$rows" "$accounts" >/dev/termination-log
+echo "backup: $FILE proven ($tables tables, $rows rows, $accounts accounts, $bytes bytes, GTID $gtid)" >&2
 "#;
 
 /// The Pod taking one backup into `file` on the claim, for `reason`
@@ -630,6 +670,7 @@ pub fn backup_pod(
         .env("FILE", file)
         .env("PREFIX", parent)
         .env("KEEP", &keep.to_string())
+        .env("REPL_USER", REPLICATION_USER)
         .env_from_secret("MYSQL_PWD", &spec.secret(parent), "root-password")
         .mount("backups", "/backups");
     let pod = Pod::new(&backup_pod_name(parent))

@@ -122,9 +122,10 @@ pub struct MariaDBClusterSpec {
     #[schemars(extend("maxProperties" = 64))]
     pub config: BTreeMap<String, String>,
     /// Backups: a logical dump of every database but MariaDB's own (`mariadb-dump
-    /// --single-transaction --gtid` from the primary), each loaded into a throwaway server to
-    /// prove it restores before it is listed in `status.backup`, kept on the claim
-    /// `<name>-backups`. Unset: none are taken (the claim and its files stay).
+    /// --single-transaction --gtid` from the primary) and of the applications' accounts and
+    /// roles with their grants, each loaded into a throwaway server to prove it restores
+    /// before it is listed in `status.backup`, kept on the claim `<name>-backups`. Unset:
+    /// none are taken (the claim and its files stay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<Backup>,
     /// Start a new cluster from a backup: its first server loads the file before it takes
@@ -547,6 +548,10 @@ pub struct BackupRecord {
     /// See `tables`.
     #[serde(default)]
     pub rows: i64,
+    /// The applications' accounts it holds (not root, the replication account or MariaDB's
+    /// own), counted in the loaded copy; absent in a record of an earlier plugin version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounts: Option<i64>,
     /// What it was taken for: `trigger:<value>` or `scheduled`.
     #[serde(default)]
     pub reason: String,

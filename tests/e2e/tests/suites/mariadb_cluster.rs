@@ -1104,6 +1104,13 @@ async fn run_a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_fo
         )?;
         let keys = cluster.keys(&ip).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(keys.len() == 500, "500 rows written: {}", keys.len());
+        // An application's account, through a role: a restored cluster must let it in.
+        cluster.query(
+            &ip,
+            "CREATE ROLE e2e_reader; GRANT SELECT ON e2e.* TO e2e_reader; \
+             CREATE USER 'reporting'@'%' IDENTIFIED BY 'reporting-e2e'; \
+             GRANT e2e_reader TO 'reporting'@'%'; SET DEFAULT ROLE e2e_reader FOR 'reporting'@'%'",
+        )?;
 
         let asked = Instant::now();
         cluster
@@ -1140,8 +1147,11 @@ async fn run_a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_fo
         .map_err(|failure| anyhow::anyhow!("the backup failed: {failure}"))?;
         let backup_took = asked.elapsed();
         anyhow::ensure!(
-            record["rows"] == 500 && record["tables"] == 1 && record["reason"] == "trigger:e2e",
-            "the backup holds the one table and its 500 rows: {record}"
+            record["rows"] == 500
+                && record["tables"] == 1
+                && record["accounts"] == 2
+                && record["reason"] == "trigger:e2e",
+            "the backup holds the one table, its 500 rows and the two application accounts (the writers' and `reporting`): {record}"
         );
         let file = record["file"]
             .as_str()
@@ -1266,6 +1276,18 @@ async fn run_a_backup_on_demand_to_its_claim_and_s3_restores_new_clusters_row_fo
                 )
                 .await?;
                 anyhow::ensure!(rows == keys, "{server} holds exactly the backup's rows");
+                let counted = query(
+                    &cluster.image,
+                    &ip,
+                    "reporting",
+                    "reporting-e2e",
+                    "SELECT COUNT(*) FROM e2e.w",
+                )
+                .map_err(|e| anyhow::anyhow!("the application's account on {server}: {e}"))?;
+                anyhow::ensure!(
+                    counted.trim() == keys.len().to_string(),
+                    "the application's account reads the rows on {server}: {counted}"
+                );
             }
         }
         let restore_took = asked.elapsed();
