@@ -29,6 +29,37 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Waits until the disruption controller has computed the PodDisruptionBudget `name`: it counts
+/// `expected` Pods and allows `allowed` evictions. A budget it cannot compute (one with
+/// `maxUnavailable` over Pods a custom resource owns) counts none and allows none, guarding
+/// nothing and holding a node drain forever.
+pub async fn budget_computed(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    (expected, allowed): (i32, i32),
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), namespace);
+    etcd::eventually(
+        &format!("the budget {name} computed: {expected} Pods, {allowed} evictions allowed"),
+        timeout,
+        || async {
+            let status = budgets
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .ok_or("no status")?;
+            (status.expected_pods == Some(expected) && status.disruptions_allowed == Some(allowed))
+                .then_some(())
+                .ok_or_else(|| format!("{status:?}"))
+        },
+    )
+    .await
+}
+
 /// Server-side applies a CRD from a YAML file of the repository and waits until it is served.
 pub async fn install_crd(client: &Client, relative_path: &str) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(repo_root().join(relative_path))?;

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::watcher;
@@ -22,7 +21,9 @@ use policy_host_e2e::etcd::{eventually, pod_ready};
 use policy_host_e2e::minio::{
     ACCESS_KEY as MINIO_ACCESS_KEY, Minio, SECRET_KEY as MINIO_SECRET_KEY,
 };
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
+use policy_host_e2e::{
+    HostUnderTest, budget_computed, init_logging, install_crd, plugins, repo_root,
+};
 use policy_host_testenv::images::MadeImage;
 use policy_host_testenv::network::cut_pod_network;
 use policy_host_testenv::{TestEnv, TestNamespace, shared_node};
@@ -416,21 +417,14 @@ async fn run_the_example_cluster_gets_a_primary_on_the_declared_image() -> anyho
             "mariadb create: the example applied -> a primary and 2 replicas replicating in {:.1} s",
             cluster.applied.elapsed().as_secs_f64()
         );
-        // The budget guards the servers: the disruption controller synced it (a budget it
-        // cannot compute has no status, and guards nothing) and lets one of three go.
-        let budgets: Api<PodDisruptionBudget> =
-            Api::namespaced(cluster.pods.clone().into_client(), &cluster.namespace);
-        eventually("the budget synced, one eviction allowed", CREATED, || async {
-            let status = budgets
-                .get(&cluster.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .ok_or("no status")?;
-            (status.expected_pods == Some(3) && status.disruptions_allowed == Some(1))
-                .then_some(())
-                .ok_or_else(|| format!("{status:?}"))
-        })
+        // The budget guards the servers: one of three may go.
+        budget_computed(
+            &cluster.pods.clone().into_client(),
+            &cluster.namespace,
+            &cluster.name,
+            (3, 1),
+            CREATED,
+        )
         .await?;
         Ok(())
     })

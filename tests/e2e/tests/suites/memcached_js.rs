@@ -14,7 +14,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use policy_host::Settings;
@@ -24,7 +23,9 @@ use policy_host::load::oci::{self, RegistryAccess};
 use policy_host::load::pack::{self, CaSource, PackOptions, RegistryPull};
 use policy_host_e2e::etcd::eventually;
 use policy_host_e2e::registry::{self, Registry};
-use policy_host_e2e::{HostUnderTest, init_logging, install_crd, plugins, repo_root};
+use policy_host_e2e::{
+    HostUnderTest, budget_computed, init_logging, install_crd, plugins, repo_root,
+};
 use policy_host_testenv::shared_node;
 use serde_json::{Value, json};
 
@@ -211,23 +212,9 @@ async fn a_javascript_plugin_from_the_registry_runs_a_memcached_pool() -> anyhow
         pool["spec"]["replicas"] = json!(3);
         apply(pool.clone()).await?;
         ready_with(&api, "demo", 3).await?;
-        // The budget guards the servers: the disruption controller computed it and lets one
-        // of three go. One with `maxUnavailable` over Pods a custom resource owns cannot be
-        // computed (SyncFailed, "no matches for kind MemcachedPool": it asks for the owner's
-        // scale), counts no Pods and allows no eviction, so a node drain would wait forever.
-        let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
-        eventually(
-            "the budget synced, one eviction allowed",
-            CONVERGE,
-            || async {
-                let budget = budgets.get("demo").await.map_err(|e| e.to_string())?;
-                let status = budget.status.ok_or("no status")?;
-                (status.expected_pods == Some(3) && status.disruptions_allowed == Some(1))
-                    .then_some(())
-                    .ok_or_else(|| format!("{status:?}"))
-            },
-        )
-        .await?;
+        // The budget guards the servers: one of three may go. (One with `maxUnavailable` was
+        // SyncFailed here, "no matches for kind MemcachedPool": it asks for the owner's scale.)
+        budget_computed(&client, &namespace, "demo", (3, 1), CONVERGE).await?;
         let ips = server_ips(&pods, "demo").await?;
         anyhow::ensure!(ips.len() == 3, "three server Pods: {ips:?}");
         for (name, ip) in &ips {
